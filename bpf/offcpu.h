@@ -1,0 +1,52 @@
+/* Key/value layouts and constants shared by bpf/offcpu.bpf.c and exporter/probe/layout.py.
+ * Only fixed-width types; exporter/probe/layout.py mirrors every struct and
+ * tests/unit/test_layout.py checks both sides agree (sizes and offsets). */
+#ifndef OFFCPU_H
+#define OFFCPU_H
+
+/* Why the thread left the CPU, from the task state at switch-out (exporter.snapshot.Reason). */
+#define OFFCPU_REASON_RUNNABLE        0 /* preempted, still wanted the CPU */
+#define OFFCPU_REASON_SLEEPING        1 /* TASK_INTERRUPTIBLE (and TASK_IDLE) */
+#define OFFCPU_REASON_UNINTERRUPTIBLE 2 /* TASK_UNINTERRUPTIBLE: I/O, D state */
+#define OFFCPU_REASON_OTHER           3 /* stopped, traced, parked, dead */
+
+/* Indices of the per-CPU `stats` array. */
+#define OFFCPU_STAT_COUNTS_DROPPED    0 /* switches not stored: `counts` full */
+#define OFFCPU_STAT_COUNTS_DROPPED_NS 1 /* their off-CPU nanoseconds */
+#define OFFCPU_STAT_START_DROPPED     2 /* switch-outs not stored: `start` full */
+#define OFFCPU_STAT_HIST_DROPPED      3 /* blocks not stored: `hist` full */
+#define OFFCPU_STAT_FILTERED          4 /* blocks outside --min-block/--max-block */
+#define OFFCPU_STAT_MAX               5
+
+/* Block-duration histogram: slot 0 is < 1 us, slot i (1..25) is [2^(i-1), 2^i) us,
+ * slot 26 everything from 2^25 us (~33.5 s) on. */
+#define OFFCPU_HIST_SLOTS 27
+
+struct offcpu_key {
+	__u32 tgid;
+	__u32 tid;             /* 0 when aggregating per process */
+	__s32 user_stack_id;   /* negative: -errno of bpf_get_stackid (lost stack) */
+	__s32 kernel_stack_id;
+	__u32 reason;          /* OFFCPU_REASON_* */
+};
+
+struct offcpu_value {
+	__u64 count;    /* switches (the reference's Times) */
+	__u64 total_ns; /* off-CPU nanoseconds (the reference's Deltas) */
+};
+
+/* A thread that was switched out and has not run since. */
+struct offcpu_start {
+	__u64 ts_ns;
+	__u32 tgid;
+	__u32 reason;
+	__s32 user_stack_id;   /* captured at switch-out in tracepoint mode */
+	__s32 kernel_stack_id;
+};
+
+struct offcpu_hist_key {
+	__u32 tgid;
+	__u32 slot;
+};
+
+#endif
