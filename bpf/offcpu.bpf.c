@@ -18,6 +18,15 @@
 #include <linux/sched.h>
 #include "offcpu.h"
 
+/* What every hook returns. The kernel runs the BPF programs attached to a tracepoint or kprobe
+ * before the perf events of that same event, and a 0 from any of them drops the event for every
+ * perf user on the host (trace_call_bpf() in kernel/trace/bpf_trace.c: "0 - return from kprobe
+ * (event is filtered out)", used by perf_trace_run_bpf_submit() in kernel/events/core.c). With 0
+ * here, `perf record -e sched:sched_switch`, `perf sched record` or `perf trace` record nothing
+ * while the exporter runs (measured: `perf stat -e sched:sched_switch -a` reads 0). 1 keeps
+ * their events; without such perf users it costs nothing. */
+#define OFFCPU_KEEP_EVENT 1
+
 BPF_HASH(targets, u32, u8, MAX_TARGETS);
 BPF_HASH(children, u32, struct offcpu_child, MAX_TARGETS);
 BPF_HASH(start, u32, struct offcpu_start, MAX_THREADS);
@@ -129,13 +138,13 @@ int offcpu_finish_task_switch(struct pt_regs *ctx, struct task_struct *prev)
 	u32 tid = bpf_get_current_pid_tgid();
 	struct offcpu_start *s = start.lookup(&tid);
 	if (!s)
-		return 0;
+		return OFFCPU_KEEP_EVENT;
 	/* Switched back in: the stacks here are the ones it blocked in. */
 	int user_stack_id = stack_traces.get_stackid(ctx, BPF_F_USER_STACK);
 	int kernel_stack_id = stack_traces.get_stackid(ctx, 0);
 	account(s, tid, now, user_stack_id, kernel_stack_id);
 	start.delete(&tid);
-	return 0;
+	return OFFCPU_KEEP_EVENT;
 }
 #endif
 
@@ -174,10 +183,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	u32 next = args->next_pid;
 	struct offcpu_start *s = start.lookup(&next);
 	if (!s)
-		return 0;
+		return OFFCPU_KEEP_EVENT;
 	account(s, next, now, s->user_stack_id, s->kernel_stack_id);
 	start.delete(&next);
-	return 0;
+	return OFFCPU_KEEP_EVENT;
 }
 #endif
 
@@ -188,10 +197,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
 TRACEPOINT_PROBE(task, task_newtask)
 {
 	if (args->clone_flags & CLONE_THREAD)
-		return 0;
+		return OFFCPU_KEEP_EVENT;
 	u32 parent = bpf_get_current_pid_tgid() >> 32;
 	if (!is_target(parent))
-		return 0;
+		return OFFCPU_KEEP_EVENT;
 	u32 child = args->pid;
 	u8 watch = OFFCPU_TARGET_WATCH;
 	struct offcpu_child c = {};
@@ -200,7 +209,7 @@ TRACEPOINT_PROBE(task, task_newtask)
 	bpf_probe_read_kernel(&c.comm, sizeof(c.comm), args->comm);
 	if (targets.update(&child, &watch) == 0)
 		children.update(&child, &c);
-	return 0;
+	return OFFCPU_KEEP_EVENT;
 }
 #endif
 
@@ -215,5 +224,5 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	start.delete(&tid);
 	if (tid == tgid)
 		targets.delete(&tgid);
-	return 0;
+	return OFFCPU_KEEP_EVENT;
 }
