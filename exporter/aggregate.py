@@ -77,6 +77,9 @@ _LOST_WHY = {
 }
 
 
+_REASONS = {r.value: r for r in Reason}  # a dict lookup; Reason(value) is a slow Enum call
+
+
 def lost_frame(stack_id_or_reason: int | str) -> Frame:
     name = _errno_name(stack_id_or_reason) if isinstance(stack_id_or_reason, int) else stack_id_or_reason
     return Frame(f"[lost stack: {_LOST_WHY.get(name, name)}]", FrameKind.PLACEHOLDER)
@@ -109,6 +112,9 @@ class Aggregator:
         self._totals: dict[tuple[ProcessKey, int, Reason, Stack], Counter] = {}
         self._kernel_stacks: dict[int, tuple[Frame, ...]] = {}
         self._user_stacks: dict[tuple[int, int], tuple[Frame, ...]] = {}
+        # (symbol pid, user stack id, kernel stack id) -> the Stack made of the two cached halves:
+        # the same object (and its cached hash) every flush, instead of a new one per changed key.
+        self._stacks: dict[tuple[int, int, int], Stack] = {}
         self._thread_names: dict[tuple[int, int], str] = {}
         self._lost: dict[str, int] = {}
         self._flushes = 0
@@ -196,6 +202,8 @@ class Aggregator:
             self._kernel_stacks.pop(sid, None)
         for key in [k for k in self._user_stacks if k[1] in free]:
             del self._user_stacks[key]
+        for skey in [k for k in self._stacks if k[1] in free or k[2] in free]:
+            del self._stacks[skey]
 
     def _refresh_children(self) -> None:
         if self.probe.config.follow_children:
@@ -219,16 +227,25 @@ class Aggregator:
             # Forked by a watched process and (same comm) not exec'd since: the parent's address
             # space, which stays readable when a short-lived child is already gone.
             symbol_pid = child[0]
-        stack = Stack(self._user_frames(symbol_pid, user_id, inc.count), self._kernel_frames(kernel_id, inc.count))
-        try:
-            reason = Reason(reason_value)
-        except ValueError:
-            reason = Reason.OTHER
+        stack = self._stack(symbol_pid, user_id, kernel_id, inc.count)
+        reason = _REASONS.get(reason_value, Reason.OTHER)
         key = (info.key, tid, reason, stack)
         self._totals[key] = self._totals.get(key, ZERO) + inc
         increases[key] = increases.get(key, ZERO) + inc
         if tid and self.config.thread_names and (tgid, tid) not in self._thread_names:
             self._thread_names[(tgid, tid)] = _thread_name(tgid, tid)
+
+    def _stack(self, pid: int, user_id: int, kernel_id: int, count: int) -> Stack:
+        key = (pid, user_id, kernel_id)
+        stack = self._stacks.get(key)
+        if stack is not None:
+            return stack
+        stack = Stack(self._user_frames(pid, user_id, count), self._kernel_frames(kernel_id, count))
+        # Only stacks whose halves are both cached: lost and reclaimed halves are counted (and
+        # may resolve differently) every time.
+        if (pid, user_id) in self._user_stacks and kernel_id in self._kernel_stacks:
+            self._stacks[key] = stack
+        return stack
 
     def _lost_half(self, half: str, stack_id: int, count: int) -> None:
         name = f"{half}:{_errno_name(stack_id)}"
@@ -278,6 +295,8 @@ class Aggregator:
             self.probe.forget_child(info.pid) if self.probe.config.follow_children else None
             for k in [k for k in self._user_stacks if k[0] == info.pid]:
                 del self._user_stacks[k]
+            for sk in [k for k in self._stacks if k[0] == info.pid]:
+                del self._stacks[sk]
             for k in [k for k in self._thread_names if k[0] == info.pid]:
                 del self._thread_names[k]
         return gone

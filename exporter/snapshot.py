@@ -73,6 +73,16 @@ class Stack:
 
     user: tuple[Frame, ...]
     kernel: tuple[Frame, ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Stacks key every per-stack dict of the aggregator and of the sinks. The generated hash
+        # would rehash every frame (and its FrameKind, an Enum hashed in Python) on each lookup:
+        # at 10,000 stacks that was most of a flush. Equality is unchanged.
+        object.__setattr__(self, "_hash", hash((self.user, self.kernel)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def stack_id(self) -> str:
@@ -180,6 +190,14 @@ class ProcessKey:
 
     pid: int
     start_ticks: int
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Part of every per-stack key: hashed several times per stack and flush (see Stack).
+        object.__setattr__(self, "_hash", hash((self.pid, self.start_ticks)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True, slots=True)

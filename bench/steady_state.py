@@ -1,0 +1,138 @@
+"""The exporter's own cost at steady state: CPU seconds per second and peak RSS of the exporter
+process while a workload makes ~50,000 context switches/s across ~1,000 distinct stacks.
+
+    PYTHONPATH=. .venv/bin/python bench/steady_state.py [--duration 60] [--rate 50000] [--stacks 1000]
+
+The workload is bench/flush_cost.py's generated program (one user stack per number k, a pipe round
+trip with an echo thread at the bottom), paced to --rate switches/s. The exporter runs as its own
+process, as users run it: `offcpu-exporter serve --pid PID` when the web server is installed
+(exporter.web.server), scraped every 15 s by this script; otherwise `offcpu-exporter record --pid
+PID` (the same probe, aggregation and 5 s flushes, without HTTP). CPU is utime+stime from
+/proc/PID/stat over the steady window (after --warmup seconds: start-up compiles the BPF program and
+loads symbols), peak RSS is VmHWM from /proc/PID/status at the end (start-up included: the in-process
+BPF compiler is the peak), and RSS now is VmRSS at the end.
+Targets (issue 10): < 3% of one core, < 150 MB RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flush_cost import generate_source  # noqa: E402
+from measure import ROOT, Result, Row, Stopwatch, build_c, cpu_seconds, shared, status_kib, write_outputs  # noqa: E402
+
+SCRAPE_INTERVAL = 15.0
+
+
+def switches(pid: int) -> int:
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches:" in line:
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure(duration: float, warmup: float, rate: float, stacks: int) -> Result:
+    binary = build_c(generate_source(stacks), name=f"many_stacks_{stacks}")
+    serve = importlib.util.find_spec("exporter.web.server") is not None
+    clock = Stopwatch()
+    workload = subprocess.Popen([str(binary), str(rate / 2)], stdout=subprocess.PIPE, text=True)
+    assert workload.stdout is not None
+    workload.stdout.readline()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    port = free_port()
+    if serve:
+        args = ["serve", "--web.listen-address", f"127.0.0.1:{port}", "--pid", str(workload.pid)]
+    else:
+        args = ["record", "--pid", str(workload.pid), "--duration", str(warmup + duration + 30), "-o", os.devnull]
+    log = tempfile.NamedTemporaryFile("w+", prefix="offcpu-steady-", suffix=".log", delete=False)  # noqa: SIM115
+    exporter = subprocess.Popen([sys.executable, "-m", "exporter", *args, "--log-level", "warning"], cwd=ROOT,
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+    scrapes: list[float] = []
+    scrape_bytes = 0
+    try:
+        time.sleep(warmup)
+        if exporter.poll() is not None:
+            raise RuntimeError(f"exporter exited with {exporter.returncode}: {Path(log.name).read_text()}")
+        cpu0, t0, sw0 = cpu_seconds(exporter.pid), time.monotonic(), switches(workload.pid)
+        next_scrape = t0
+        while time.monotonic() - t0 < duration:
+            if serve and time.monotonic() >= next_scrape:
+                s0 = time.perf_counter()
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+                    scrape_bytes = len(r.read())
+                scrapes.append(time.perf_counter() - s0)
+                next_scrape += SCRAPE_INTERVAL
+            time.sleep(0.5)
+        cpu1, t1, sw1 = cpu_seconds(exporter.pid), time.monotonic(), switches(workload.pid)
+        hwm = status_kib(exporter.pid, "VmHWM")
+        rss = status_kib(exporter.pid, "VmRSS")
+    finally:
+        if exporter.poll() is None:
+            exporter.send_signal(signal.SIGTERM)
+            try:
+                exporter.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                exporter.kill()
+                exporter.wait()
+        workload.kill()
+        workload.wait()
+        log.close()
+    context = clock.done()
+    busy = shared(context, ours=1.5)
+    cores = (cpu1 - cpu0) / (t1 - t0)
+    rate_seen = (sw1 - sw0) / (t1 - t0)
+    how = "serve, /metrics scraped every 15 s" if serve else "record (serve not installed yet: no HTTP, no OTLP)"
+    details: dict[str, Any] = {
+        "mode": how, "duration": t1 - t0, "warmup": warmup, "cpu_seconds": cpu1 - cpu0,
+        "cpu_per_second": cores, "switches_per_second": rate_seen, "stacks": stacks,
+        "vm_hwm_kib": hwm, "vm_rss_kib": rss, "scrapes": scrapes, "scrape_bytes": scrape_bytes, "context": context,
+    }
+    note = f"{rate_seen:,.0f} switches/s, {stacks:,} stacks, {t1 - t0:.0f} s; {how}"
+    result = Result("steady_state", details=details)
+    result.rows.append(Row("steady state", "exporter CPU: % of one core", f"{cores * 100:.2f}", "", "< 3%",
+                           cores < 0.03, busy, note))
+    result.rows.append(Row("steady state", "exporter peak RSS (VmHWM): MB", f"{hwm / 1024:.0f}",
+                           f"RSS at end {rss / 1024:.0f}", "< 150 MB", hwm / 1024 < 150, busy))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of steady state measured")
+    parser.add_argument("--warmup", type=float, default=12.0, help="seconds left out at the start")
+    parser.add_argument("--rate", type=float, default=50_000, help="workload context switches per second")
+    parser.add_argument("--stacks", type=int, default=1000)
+    parser.add_argument("--out", help="results as JSON")
+    parser.add_argument("--table", help="results as a Markdown table")
+    options = parser.parse_args(argv)
+    result = measure(options.duration, options.warmup, options.rate, options.stacks)
+    write_outputs([result], options.out, options.table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
