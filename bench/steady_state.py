@@ -90,6 +90,8 @@ def measure(duration: float, warmup: float, rate: float, stacks: int) -> Result:
         cpu1, t1, sw1 = cpu_seconds(exporter.pid), time.monotonic(), switches(workload.pid)
         hwm = status_kib(exporter.pid, "VmHWM")
         rss = status_kib(exporter.pid, "VmRSS")
+        rss_anon = status_kib(exporter.pid, "RssAnon")
+        rss_file = status_kib(exporter.pid, "RssFile")
     finally:
         if exporter.poll() is None:
             exporter.send_signal(signal.SIGTERM)
@@ -109,14 +111,16 @@ def measure(duration: float, warmup: float, rate: float, stacks: int) -> Result:
     details: dict[str, Any] = {
         "mode": how, "duration": t1 - t0, "warmup": warmup, "cpu_seconds": cpu1 - cpu0,
         "cpu_per_second": cores, "switches_per_second": rate_seen, "stacks": stacks,
-        "vm_hwm_kib": hwm, "vm_rss_kib": rss, "scrapes": scrapes, "scrape_bytes": scrape_bytes, "context": context,
+        "vm_hwm_kib": hwm, "vm_rss_kib": rss, "rss_anon_kib": rss_anon, "rss_file_kib": rss_file, "scrapes": scrapes, "scrape_bytes": scrape_bytes, "context": context,
     }
     note = f"{rate_seen:,.0f} switches/s, {stacks:,} stacks, {t1 - t0:.0f} s; {how}"
     result = Result("steady_state", details=details)
     result.rows.append(Row("steady state", "exporter CPU: % of one core", f"{cores * 100:.2f}", "", "< 3%",
                            cores < 0.03, busy, note))
     result.rows.append(Row("steady state", "exporter peak RSS (VmHWM): MB", f"{hwm / 1024:.0f}",
-                           f"RSS at end {rss / 1024:.0f}", "< 150 MB", hwm / 1024 < 150, busy))
+                           f"RSS at end {rss / 1024:.0f}", "< 150 MB", hwm / 1024 < 150, busy,
+                           f"at end: {rss_anon / 1024:.0f} MB anonymous, {rss_file / 1024:.0f} MB file-backed "
+                           "(mostly libbcc's LLVM, shared and clean)"))
     return result
 
 

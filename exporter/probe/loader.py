@@ -118,6 +118,7 @@ class Probe:
             self._bpf = bcc.BPF(text=source.encode(), cflags=self.config.cflags(mode))
         except Exception as e:  # bcc raises a bare Exception with the compiler's message
             raise ProbeError(f"the BPF program failed to compile or load: {e}") from e
+        _return_freed_heap()
         self.mode = mode
         if mode == "kprobe":
             self._attach_kprobes()
@@ -281,6 +282,13 @@ class Probe:
                           (layout.MAP_TARGETS, cfg.max_targets)):
             sizes[name] = (len(self._table(name)), cap)
         return sizes
+
+
+def _return_freed_heap() -> None:
+    """bcc compiles with LLVM in this process and frees ~40 MB of heap afterwards that glibc
+    keeps mapped (measured: RSS 152 -> 112 MB after malloc_trim); give it back to the system."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def exporter_tgid() -> int:
