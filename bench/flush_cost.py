@@ -4,15 +4,15 @@ with N = 100, 1,000, 10,000 distinct off-CPU stacks, once every stack's symbols 
 
     PYTHONPATH=. .venv/bin/python bench/flush_cost.py [--stacks 100,1000,10000] [--flushes 5]
 
-The workload is a generated C program (compiled once per N, cached): a chain of ceil(log2 N)
-levels, two functions per level, where the bits of a number k choose the function at each level,
-so that each k in 0..N-1 is its own user stack; at the bottom it makes one round trip over two
-pipes with an echo thread (blocking in an inline read: the echo thread adds one more stack). It
-loops over all k without end, so every stack changes between two flushes. The real probe and aggregator run in this process; flushes are called directly, one
-every --interval seconds after a warm-up that lasts until the stack count stops growing (the first
-flushes symbolize). The consumer is the Prometheus sink's /metrics render when that sink is
-installed (exporter.sinks.prometheus), and always the folded-stack render of the window between two
-snapshots (what `record` and /flamegraph do).
+The workload is a generated C program (compiled once per N, cached): a chain of ceil(log2 N) levels,
+two functions per level, where the bits of a number k choose the function at each level, so that
+each k in 0..N-1 is its own user stack; at the bottom it makes one round trip over two pipes with an
+echo thread (blocking in an inline read: the echo thread adds one more stack). It loops over all k
+without end, so every stack changes between two flushes. The real probe and aggregator run in this
+process; flushes are called directly, one every --interval seconds after a warm-up that lasts until
+the stack count stops growing (the first flushes symbolize). The consumer is the Prometheus sink's
+/metrics render when that sink is installed (exporter.sinks.prometheus), and always the folded-stack
+render of the window between two snapshots (what `record` and /flamegraph do).
 A second part feeds the same Aggregator from in-memory maps holding exactly N counters, all growing
 every flush: the user-space cost alone, free of the extra stacks that preemptions of a real
 workload add on a shared machine.
@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure import BUILD, Result, Row, Stopwatch, build_c, shared, summary, write_outputs  # noqa: E402
+from measure import BUILD, Result, Row, Stopwatch, build_c, shared, summary, write_outputs
 
 TARGET_SECONDS = 0.200
 
@@ -123,8 +123,9 @@ def generate_source(stacks: int) -> Path:
 def prometheus_render() -> Any:
     """A function snapshot -> seconds for one uncached /metrics render, or None without the sink."""
     try:
-        from exporter.sinks import SinkContext
         from exporter.sinks.prometheus import PrometheusSink
+
+        from exporter.sinks import SinkContext
         from exporter.web import Request, Routes
     except ImportError:
         return None

@@ -139,12 +139,14 @@ def markdown_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(results: Sequence[Result], out: str | None, table: str | None) -> None:
+def write_outputs(results: Sequence[Result], out: str | None, table: str | None, echo: bool = True) -> None:
     rows = [r for res in results for r in res.rows]
     text = markdown_table(rows)
-    print(text)
+    if echo:
+        print(text)
     if out:
-        Path(out).write_text(json.dumps({"machine": machine(), "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        Path(out).write_text(json.dumps({"machine": machine(), "time": stamp,
                                          "results": [r.to_json() for r in results]}, indent=2) + "\n")
     if table:
         Path(table).write_text(text)

@@ -31,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flush_cost import generate_source  # noqa: E402
-from measure import ROOT, Result, Row, Stopwatch, build_c, cpu_seconds, shared, status_kib, write_outputs  # noqa: E402
+from flush_cost import generate_source
+from measure import ROOT, Result, Row, Stopwatch, build_c, cpu_seconds, shared, status_kib, write_outputs
 
 SCRAPE_INTERVAL = 15.0
 
@@ -111,7 +111,8 @@ def measure(duration: float, warmup: float, rate: float, stacks: int) -> Result:
     details: dict[str, Any] = {
         "mode": how, "duration": t1 - t0, "warmup": warmup, "cpu_seconds": cpu1 - cpu0,
         "cpu_per_second": cores, "switches_per_second": rate_seen, "stacks": stacks,
-        "vm_hwm_kib": hwm, "vm_rss_kib": rss, "rss_anon_kib": rss_anon, "rss_file_kib": rss_file, "scrapes": scrapes, "scrape_bytes": scrape_bytes, "context": context,
+        "vm_hwm_kib": hwm, "vm_rss_kib": rss, "rss_anon_kib": rss_anon, "rss_file_kib": rss_file,
+        "scrapes": scrapes, "scrape_bytes": scrape_bytes, "context": context,
     }
     note = f"{rate_seen:,.0f} switches/s, {stacks:,} stacks, {t1 - t0:.0f} s; {how}"
     result = Result("steady_state", details=details)
