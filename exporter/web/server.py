@@ -24,12 +24,12 @@ import logging
 import resource
 import ssl
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from email.utils import formatdate
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from exporter.ratelimit import RateLimitedLog
 from exporter.web import Request, Response, Routes
 from exporter.web.auth import BasicAuth
 from exporter.web.config import WebConfig, WebConfigError, load_web_config
@@ -157,25 +157,6 @@ class _Closed(Exception):
     """The client went away or ran out of time: close without answering (as Go's server does)."""
 
 
-class _RateLimitedLog:
-    def __init__(self, every_s: float = 60.0) -> None:
-        self._every = every_s
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def warning(self, key: str, msg: str, *args: object) -> None:
-        now = time.monotonic()
-        if now - self._last.get(key, -1e9) < self._every:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return
-        suppressed = self._suppressed.pop(key, 0)
-        self._last[key] = now
-        if suppressed:
-            log.warning(msg + " (%d more since the last report)", *args, suppressed)
-        else:
-            log.warning(msg, *args)
-
-
 @dataclass
 class _Parsed:
     request: Request
@@ -200,9 +181,7 @@ class WebServer:
                 raise WebConfigError(f"--web.{name.replace('_', '-')} must not be negative")
         if self._opts.read_header_timeout <= 0 or self._opts.idle_timeout <= 0:
             raise WebConfigError("--web.read-header-timeout and --web.idle-timeout must be positive")
-        self._config: WebConfig = (
-            load_web_config(self._opts.config_file) if self._opts.config_file else WebConfig()
-        )
+        self._config: WebConfig = load_web_config(self._opts.config_file) if self._opts.config_file else WebConfig()
         self._ssl: ssl.SSLContext | None = self._config.tls.context() if self._config.tls else None
         self._auth = BasicAuth(self._config.users)
         workers = self._opts.max_requests or 64
@@ -215,7 +194,7 @@ class WebServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight = 0
         self._open = 0
-        self._warn = _RateLimitedLog()
+        self._warn = RateLimitedLog(log, interval=60.0)
         self.addresses: list[tuple[str, int]] = []
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -293,7 +272,7 @@ class WebServer:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if self._opts.max_connections and self._open >= self._opts.max_connections:
-            self._warn.warning("connections", "%d connections open: closing a new one", self._open)
+            self._warn.warning("%d connections open: closing a new one", self._open)
             writer.transport.abort()
             return
         self._open += 1
@@ -336,7 +315,7 @@ class WebServer:
         names = {value for _kind, value in cert.get("subjectAltName", ())}
         if names.intersection(allowed):
             return True
-        self._warn.warning("san", "client certificate SANs %s not in client_allowed_sans", sorted(names))
+        self._warn.warning("client certificate SANs %s not in client_allowed_sans", sorted(names))
         return False
 
     async def _read_request(self, reader: asyncio.StreamReader, accepted: float | None) -> _Parsed:
@@ -420,10 +399,8 @@ class WebServer:
             return Response(404, b"404 page not found\n")
         limit = self._opts.max_requests
         if limit and self._in_flight >= limit:
-            self._warn.warning("limit", "more than %d requests at once: answering 503", limit)
-            return Response(
-                503, f"Limit of concurrent requests reached ({limit}), try again later.\n".encode()
-            )
+            self._warn.warning("more than %d requests at once: answering 503", limit)
+            return Response(503, f"Limit of concurrent requests reached ({limit}), try again later.\n".encode())
         self._in_flight += 1
         try:
             return await loop.run_in_executor(self._pool, self._handle, handler, request)
@@ -443,9 +420,7 @@ class WebServer:
             and accepts_gzip(request.headers.get("accept-encoding", ""))
         ):
             headers = {**response.headers, "Content-Encoding": "gzip"}
-            return Response(
-                response.status, gzip.compress(response.body, 6, mtime=0), response.content_type, headers
-            )
+            return Response(response.status, gzip.compress(response.body, 6, mtime=0), response.content_type, headers)
         return response
 
     def _builtin(self, request: Request) -> Response:
@@ -469,9 +444,7 @@ class WebServer:
         )
         return Response(200, page.encode(), "text/html; charset=utf-8")
 
-    async def _write(
-        self, writer: asyncio.StreamWriter, response: Response, head_only: bool, keep_alive: bool
-    ) -> None:
+    async def _write(self, writer: asyncio.StreamWriter, response: Response, head_only: bool, keep_alive: bool) -> None:
         try:
             reason = http.HTTPStatus(response.status).phrase
         except ValueError:

@@ -42,8 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=200,
         metavar="N",
-        help='processes with their own series; the rest are summed in pid="other" '
-        "(0: no limit; default %(default)s)",
+        help='processes with their own series; the rest are summed in pid="other" (0: no limit; default %(default)s)',
     )
     g.add_argument(
         "--prometheus.stack-label",
@@ -84,11 +83,7 @@ class PrometheusSink:
 
     def _state(self) -> Hashable:
         stats = tuple(
-            sorted(
-                (s.name, tuple(sorted(s.stats.values().items())))
-                for s in self._context.sinks
-                if s is not self
-            )
+            sorted((s.name, tuple(sorted(s.stats.values().items()))) for s in self._context.sinks if s is not self)
         )
         return self._context.latest().sequence, stats
 

@@ -85,14 +85,12 @@ class OffCPUCollector:
             ),
             c(
                 "offcpu_stack_seconds",
-                "Off-CPU time per stack (top K per process, the rest in "
-                'stack_id="other"), over threads and reasons.',
+                'Off-CPU time per stack (top K per process, the rest in stack_id="other"), over threads and reasons.',
                 labels=s,
             ),
             c(
                 "offcpu_stack_switches",
-                "Switch-outs per stack (top K per process, the rest in "
-                'stack_id="other"), over threads and reasons.',
+                'Switch-outs per stack (top K per process, the rest in stack_id="other"), over threads and reasons.',
                 labels=s,
             ),
             g("offcpu_exporter_probe_attached", "1 when the BPF probe is attached.", labels=("mode",)),
@@ -164,9 +162,7 @@ class OffCPUCollector:
 
     # ---- per process and stack ---------------------------------------------------------------------
 
-    def _add_processes(
-        self, fams: Mapping[str, _Family], hist: HistogramMetricFamily, view: SelectionView
-    ) -> None:
+    def _add_processes(self, fams: Mapping[str, _Family], hist: HistogramMetricFamily, view: SelectionView) -> None:
         seconds, switches = fams["offcpu_seconds"], fams["offcpu_switches"]
         st_seconds, st_switches = fams["offcpu_stack_seconds"], fams["offcpu_stack_switches"]
         for series in _one_per_pid(view.processes):
@@ -190,27 +186,21 @@ class OffCPUCollector:
         if view.folded is not None:
             self._add_folded(fams, hist, view.folded)
 
-    def _add_other_stack(
-        self, st_seconds: _Family, st_switches: _Family, pid: str, comm: str, other: Counter
-    ) -> None:
+    def _add_other_stack(self, st_seconds: _Family, st_switches: _Family, pid: str, comm: str, other: Counter) -> None:
         labels = [pid, comm, OTHER, OTHER, OTHER]
         if self._stack_label:
             labels.append(OTHER)
         st_seconds.add_metric(labels, other.seconds)
         st_switches.add_metric(labels, other.count)
 
-    def _add_folded(
-        self, fams: Mapping[str, _Family], hist: HistogramMetricFamily, folded: FoldedProcesses
-    ) -> None:
+    def _add_folded(self, fams: Mapping[str, _Family], hist: HistogramMetricFamily, folded: FoldedProcesses) -> None:
         where = ("", "", "")
         for reason in Reason:
             counter = folded.by_reason.get(reason, ZERO)
             labels = [OTHER, OTHER, reason.label, *where]
             fams["offcpu_seconds"].add_metric(labels, counter.seconds)
             fams["offcpu_switches"].add_metric(labels, counter.count)
-        self._add_other_stack(
-            fams["offcpu_stack_seconds"], fams["offcpu_stack_switches"], OTHER, OTHER, folded.total
-        )
+        self._add_other_stack(fams["offcpu_stack_seconds"], fams["offcpu_stack_switches"], OTHER, OTHER, folded.total)
         _add_histogram(hist, [OTHER, OTHER, *where], folded.histogram, folded.total)
 
     # ---- the exporter itself -------------------------------------------------------------------------
@@ -252,9 +242,7 @@ class OffCPUCollector:
                 fams[f"offcpu_exporter_sink_{what}"].add_metric([name], rows[name].get(what, 0))
 
 
-def _add_histogram(
-    fam: HistogramMetricFamily, labels: list[str], slots: Sequence[int], total: Counter
-) -> None:
+def _add_histogram(fam: HistogramMetricFamily, labels: list[str], slots: Sequence[int], total: Counter) -> None:
     buckets: list[tuple[str, float]] = []
     running = 0
     for i, le in enumerate(_LE):

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from exporter.ratelimit import RateLimitedLog
 from exporter.snapshot import Counter, ProcessKey, ProcessView, Reason, Snapshot, Stack
 
 __all__ = ["FoldedProcesses", "ProcessSeries", "Selection", "SelectionView", "StackSeries"]
@@ -74,19 +74,6 @@ class _StackChoice:
     last_time_ns: int = 0
 
 
-class _RateLimit:
-    def __init__(self, every_s: float) -> None:
-        self._every = every_s
-        self._last = -1e18
-
-    def ready(self) -> bool:
-        now = time.monotonic()
-        if now - self._last >= self._every:
-            self._last = now
-            return True
-        return False
-
-
 class Selection:
     def __init__(self, max_processes: int = 200, top_stacks: int = 10) -> None:
         self.max_processes = max_processes  # 0: no limit
@@ -101,8 +88,7 @@ class Selection:
         self._ever_folded = False
         self._stacks: dict[ProcessKey, _StackChoice] = {}
         self._overflow = {"processes": 0, "stacks": 0}
-        self._log_processes = _RateLimit(300.0)
-        self._log_stacks = _RateLimit(300.0)
+        self._log = RateLimitedLog(log, interval=300.0)
 
     def view(self, snapshot: Snapshot) -> SelectionView:
         """The view of `snapshot`; computed once per sequence (callers may be concurrent)."""
@@ -148,14 +134,12 @@ class Selection:
         if refused:
             self._ever_folded = True
             self._overflow["processes"] += len(refused)
-            if self._log_processes.ready():
-                log.warning(
-                    'more than --prometheus.max-processes=%d processes: %d folded into pid="other" '
-                    "(%d since start)",
-                    self.max_processes,
-                    len(refused),
-                    self._overflow["processes"],
-                )
+            self._log.warning(
+                'more than --prometheus.max-processes=%d processes: %d folded into pid="other" (%d since start)',
+                self.max_processes,
+                len(refused),
+                self._overflow["processes"],
+            )
 
     def _fold(self, present: Mapping[ProcessKey, ProcessView]) -> FoldedProcesses | None:
         for key in [k for k in self._folded_last if k not in present]:
@@ -237,15 +221,14 @@ class Selection:
         choice.last = dict(totals)
         if new_refused:
             self._overflow["stacks"] += new_refused
-            if self._log_stacks.ready():
-                log.info(
-                    "process %d (%s): %d stacks beyond --prometheus.top-stacks=%d folded into "
-                    'stack_id="other"',
-                    view.info.pid,
-                    view.info.comm,
-                    new_refused,
-                    k,
-                )
+            self._log.log(
+                logging.INFO,
+                'process %d (%s): %d stacks beyond --prometheus.top-stacks=%d folded into stack_id="other"',
+                view.info.pid,
+                view.info.comm,
+                new_refused,
+                k,
+            )
 
 
 def _increase(now: Counter, before: Counter) -> Counter:
