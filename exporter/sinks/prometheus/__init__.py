@@ -75,10 +75,11 @@ class PrometheusSink:
         )
         self.registry.register(self.collector)
         # The exporter's own process: CPU, memory, open fds, Python GC (as every client library exports).
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        GCCollector(registry=self.registry)
-        self.cache = ExpositionCache(self.registry, self._state)
+        self.process_registry = CollectorRegistry()
+        ProcessCollector(registry=self.process_registry)
+        PlatformCollector(registry=self.process_registry)
+        GCCollector(registry=self.process_registry)
+        self.cache = ExpositionCache(self.registry, self.process_registry, self._state)
         context.routes.add("/metrics", self.handle)
 
     def _state(self) -> Hashable:

@@ -49,9 +49,7 @@ class Builder:
         self.infos: dict[ProcessKey, ProcessInfo] = {}
         self.totals: dict[tuple[ProcessKey, int, Reason, Stack], Counter] = {}
         self.hist: dict[ProcessKey, list[int]] = {}
-        self.health = Health(
-            attach_mode="tracepoint", hooked_symbols=("sched:sched_switch",), probe_attached=True
-        )
+        self.health = Health(attach_mode="tracepoint", hooked_symbols=("sched:sched_switch",), probe_attached=True)
 
     def add(
         self,

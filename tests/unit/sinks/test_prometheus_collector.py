@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.sinks import SinkContext, SinkStats
 from exporter.sinks import prometheus as prom_sink
 from exporter.sinks.prometheus.collector import OffCPUCollector
+from exporter.sinks.prometheus.exposition import ExpositionCache
 from exporter.sinks.prometheus.selection import Selection
 from exporter.snapshot import HISTOGRAM_BUCKETS_US, Health, Reason, Snapshot
 from exporter.web import Request, Routes
@@ -154,9 +155,7 @@ def test_cardinality_overflow_folds_processes_into_other_and_counts_them() -> No
         assert stack_sums[pid] == pytest.approx(v)
     assert (
         samples(text, "offcpu_exporter_cardinality_overflow_total") == [({"what": "processes"}, 20.0)]
-        or dict((lab["what"], v) for lab, v in samples(text, "offcpu_exporter_cardinality_overflow_total"))[
-            "processes"
-        ]
+        or dict((lab["what"], v) for lab, v in samples(text, "offcpu_exporter_cardinality_overflow_total"))["processes"]
         == 20.0
     )
     # Bounded: series count does not grow with more processes.
@@ -289,9 +288,10 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
     assert samples(text, "offcpu_exporter_probe_hooked_symbol") == [
         ({"mode": "tracepoint", "symbol": "sched:sched_switch"}, 1.0)
     ]
-    assert {
-        (lab["half"], lab["reason"]): v for lab, v in samples(text, "offcpu_exporter_lost_stacks_total")
-    } == {("user", "efault"): 4, ("kernel", "enomem"): 1}
+    assert {(lab["half"], lab["reason"]): v for lab, v in samples(text, "offcpu_exporter_lost_stacks_total")} == {
+        ("user", "efault"): 4,
+        ("kernel", "enomem"): 1,
+    }
     assert samples(text, "offcpu_exporter_map_capacity") == [({"map": "counts"}, 10240.0)]
     assert samples(text, "offcpu_exporter_map_dropped_total") == [({"map": "counts"}, 3.0)]
     assert samples(text, "offcpu_exporter_dropped_seconds_total")[0][1] == 1.5
@@ -326,6 +326,7 @@ def test_metrics_route_caches_per_snapshot_and_negotiates_openmetrics_and_gzip()
     for st in many_stacks(8):
         b.add(process(1, "a"), st, 1.0)
     sink, routes, current = _sink(b)
+    sink.cache._process_max_age = 3600.0  # the process metrics part stays the same during the test
     handler = routes.get("/metrics")
     assert handler is not None
     plain = handler(Request("GET", "/metrics", {}, {}))
@@ -346,6 +347,7 @@ def test_metrics_route_caches_per_snapshot_and_negotiates_openmetrics_and_gzip()
     assert fams["offcpu_seconds"].type == "counter"
     assert fams["offcpu_block_duration_seconds"].type == "histogram"
     assert "process_cpu_seconds" in fams  # the exporter's own process metrics
+    assert om.body.count(b"# EOF") == 1 and om.body.endswith(b"# EOF\n")
     assert sink.stats.get("sent") == 23
 
 
@@ -379,3 +381,31 @@ def test_stack_seconds_sum_uses_exact_nanoseconds() -> None:
     stack_ns = round(sum(v for _, v in samples(text, "offcpu_stack_seconds_total")) * SEC)
     proc_ns = round(sum(v for _, v in samples(text, "offcpu_seconds_total")) * SEC)
     assert abs(stack_ns - proc_ns) <= 1
+
+
+def test_gzip_stream_continues_correctly_when_the_process_part_changes() -> None:
+    main, tail = CollectorRegistry(), CollectorRegistry()
+    ticks = [0]
+
+    class Ticking:
+        def collect(self):  # type: ignore[no-untyped-def]
+            from prometheus_client.metrics_core import GaugeMetricFamily
+
+            yield GaugeMetricFamily("tick", "changes every render", value=ticks[0])
+
+    b = Builder()
+    for st in many_stacks(30):
+        b.add(process(1, "a"), st, 1.0)
+    snap = b.snapshot()
+    main.register(OffCPUCollector(lambda: snap, lambda: [], Selection(), bcc="x"))
+    tail.register(Ticking())
+    cache = ExpositionCache(main, tail, lambda: snap.sequence, process_max_age_s=0.0)
+    for tick in range(3):
+        ticks[0] = tick
+        body, _, gz = cache.get("", True)
+        plain, _, _ = cache.get("", False)
+        assert gz and gzip.decompress(body).decode().endswith(f"tick {float(tick)}\n")
+        assert gzip.decompress(body).replace(f"tick {float(tick)}".encode(), b"") == plain.replace(
+            f"tick {float(tick)}".encode(), b""
+        )
+    assert cache.renders == 1

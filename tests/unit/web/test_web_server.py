@@ -23,7 +23,7 @@ from exporter.web.auth import BasicAuth
 from exporter.web.config import WebConfigError, load_web_config
 from exporter.web.server import WebOptions, WebServer, accepts_gzip
 
-METRICS = b"".join(b"offcpu_seconds_total{pid=\"%d\"} %d\n" % (i, i) for i in range(2000))
+METRICS = b"".join(b'offcpu_seconds_total{pid="%d"} %d\n' % (i, i) for i in range(2000))
 
 
 def make_routes(release: threading.Event | None = None) -> Routes:
@@ -47,8 +47,14 @@ def server() -> Iterator[WebServer]:
     s.stop()
 
 
-def get(s: WebServer, path: str, headers: dict[str, str] | None = None, method: str = "GET",
-        context: ssl.SSLContext | None = None, timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
+def get(
+    s: WebServer,
+    path: str,
+    headers: dict[str, str] | None = None,
+    method: str = "GET",
+    context: ssl.SSLContext | None = None,
+    timeout: float = 10,
+) -> tuple[int, dict[str, str], bytes]:
     conn: http.client.HTTPConnection
     if context is not None:
         conn = http.client.HTTPSConnection("127.0.0.1", s.port, timeout=timeout, context=context)
@@ -137,8 +143,9 @@ def test_a_blocking_handler_blocks_neither_other_requests_nor_is_limited_away(se
 
 
 def test_request_size_limits() -> None:
-    s = WebServer(make_routes(), WebOptions(listen_address="127.0.0.1:0", max_header_bytes=2048,
-                                            max_body_bytes=100), lambda: True)
+    s = WebServer(
+        make_routes(), WebOptions(listen_address="127.0.0.1:0", max_header_bytes=2048, max_body_bytes=100), lambda: True
+    )
     s.start()
     try:
         assert get(s, "/metrics", {"X-Big": "a" * 4000})[0] == 431
@@ -277,16 +284,75 @@ def openssl(*args: str) -> None:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("pki")
     # Server: self-signed for 127.0.0.1. Clients: a CA and one client certificate signed by it.
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
-            "-subj", "/CN=offcpu-test", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-            "-keyout", str(d / "server.key"), "-out", str(d / "server.crt"))
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
-            "-subj", "/CN=test-ca", "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"))
-    openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-subj", "/CN=prometheus", "-keyout", str(d / "client.key"), "-out", str(d / "client.csr"))
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=offcpu-test",
+        "-addext",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        "-keyout",
+        str(d / "server.key"),
+        "-out",
+        str(d / "server.crt"),
+    )
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        str(d / "ca.key"),
+        "-out",
+        str(d / "ca.crt"),
+    )
+    openssl(
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        "/CN=prometheus",
+        "-keyout",
+        str(d / "client.key"),
+        "-out",
+        str(d / "client.csr"),
+    )
     (d / "client.ext").write_text("subjectAltName=DNS:prometheus.example\n")
-    openssl("x509", "-req", "-in", str(d / "client.csr"), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
-            "-CAcreateserial", "-days", "2", "-extfile", str(d / "client.ext"), "-out", str(d / "client.crt"))
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(d / "client.csr"),
+        "-CA",
+        str(d / "ca.crt"),
+        "-CAkey",
+        str(d / "ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        str(d / "client.ext"),
+        "-out",
+        str(d / "client.crt"),
+    )
     return d
 
 
@@ -300,7 +366,8 @@ def basic(user: str, password: str) -> dict[str, str]:
 def tls_server(pki: Path, extra: str = "") -> WebServer:
     cfg = pki / f"web-{abs(hash(extra))}.yml"
     cfg.write_text(
-        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n" + extra
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+        + extra
         + f"basic_auth_users:\n  prometheus: '{HASH}'\n"
         + "http_server_config:\n  headers:\n    Strict-Transport-Security: max-age=31536000\n"
     )
@@ -341,8 +408,11 @@ def test_tls_with_basic_auth(pki: Path) -> None:
 
 
 def test_tls_client_certificates(pki: Path) -> None:
-    s = tls_server(pki, "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
-                        "  client_allowed_sans: [prometheus.example]\n")
+    s = tls_server(
+        pki,
+        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
+        "  client_allowed_sans: [prometheus.example]\n",
+    )
     try:
         ok = get(s, "/metrics", basic("prometheus", "s3cret"), context=client_context(pki, cert=True))
         assert ok[0] == 200
@@ -350,8 +420,11 @@ def test_tls_client_certificates(pki: Path) -> None:
             get(s, "/metrics", basic("prometheus", "s3cret"), context=client_context(pki, cert=False))
     finally:
         s.stop()
-    s = tls_server(pki, "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
-                        "  client_allowed_sans: [someone-else]\n")
+    s = tls_server(
+        pki,
+        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
+        "  client_allowed_sans: [someone-else]\n",
+    )
     try:
         with pytest.raises((ConnectionResetError, http.client.RemoteDisconnected, ssl.SSLError)):
             get(s, "/metrics", basic("prometheus", "s3cret"), context=client_context(pki, cert=True))
@@ -392,10 +465,14 @@ def test_successful_checks_are_cached_and_failures_are_not(monkeypatch: pytest.M
         ("tls_server_config:\n  cert_file: nope.crt\n  key_file: nope.key\n", "cannot load TLS certificate"),
         ("basic_auth_users:\n  u: plaintext\n", "not a bcrypt hash"),
         ("basic_auth: {}\n", "unknown field basic_auth"),
-        ("tls_server_config:\n  cert_file: c\n  key_file: k\n  client_auth_type: RequireAnyClientCert\n",
-         "not supported"),
-        ("tls_server_config:\n  cert_file: c\n  key_file: k\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
-         "not supported"),
+        (
+            "tls_server_config:\n  cert_file: c\n  key_file: k\n  client_auth_type: RequireAnyClientCert\n",
+            "not supported",
+        ),
+        (
+            "tls_server_config:\n  cert_file: c\n  key_file: k\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
+            "not supported",
+        ),
         ("tls_server_config:\n  cert_file: c\n  key_file: k\n  min_version: TLS99\n", "unknown TLS version"),
         ("http_server_config:\n  headers:\n    Content-Type: x\n", "set by the server"),
     ],
