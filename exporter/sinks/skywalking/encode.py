@@ -107,7 +107,7 @@ def encode_samples(samples: Iterable[StackSample]) -> list[pb.EBPFProfilingData]
         key = (sample.process, sample.stack)
         increases[key] = increases.get(key, Counter()) + sample.increase
     messages: list[pb.EBPFProfilingData] = []
-    split = 0
+    split = extra = 0
     for (_, stack), increase in increases.items():
         if increase.count < 0 or increase.ns < 0:
             continue  # counters only grow; a negative increase is a restarted source, not data
@@ -115,7 +115,9 @@ def encode_samples(samples: Iterable[StackSample]) -> list[pb.EBPFProfilingData]
         if not metadata:
             continue  # both halves empty: nothing the OAP could draw (Rover skips these too)
         parts = split_counter(increase)
-        split += len(parts) - 1
+        if len(parts) > 1:
+            split += 1
+            extra += len(parts) - 1
         for part in parts:
             messages.append(
                 pb.EBPFProfilingData(
@@ -123,7 +125,7 @@ def encode_samples(samples: Iterable[StackSample]) -> list[pb.EBPFProfilingData]
                 )
             )
     if split:
-        log.info("split %d stack increases above int32 switches into extra messages", split)
+        log.info("split %d stack increases above int32 switches into %d extra messages", split, extra)
     return messages
 
 
