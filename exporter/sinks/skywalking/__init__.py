@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 
 def _endpoint(value: str) -> str:
+    if not value:
+        return ""  # argparse runs the default through this too: "" is "off"
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
