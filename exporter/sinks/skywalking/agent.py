@@ -175,6 +175,11 @@ class Agent:
         with self._lock:
             return {key: r.process_id for key, r in self._state.reported.items() if r.process_id}
 
+    @property
+    def cycles(self) -> int:
+        with self._cycle_done:
+            return self._cycles
+
     def wait_cycles(self, n: int, timeout: float) -> bool:
         """For tests: waits until `n` report/poll cycles have completed."""
         with self._cycle_done:
