@@ -80,7 +80,7 @@ class _Profiling(Profile_pb2_grpc.EBPFProfilingServiceServicer):
     def __init__(self, oap: FakeOap) -> None:
         self.oap = oap
 
-    def queryTasks(self, request, context):  # noqa: N802 (gRPC method name)
+    def queryTasks(self, request, context):
         self.oap._check_auth(context)
         with self.oap.lock:
             self.oap.recorded.queries.append(request)
@@ -88,7 +88,7 @@ class _Profiling(Profile_pb2_grpc.EBPFProfilingServiceServicer):
             self.oap.changed.notify_all()
         return Command_pb2.Commands(commands=[t.command() for t in tasks])
 
-    def collectProfilingData(self, request_iterator, context):  # noqa: N802
+    def collectProfilingData(self, request_iterator, context):
         self.oap._check_auth(context)
         messages = list(request_iterator)
         with self.oap.lock:
@@ -101,7 +101,7 @@ class _Process(Process_pb2_grpc.EBPFProcessServiceServicer):
     def __init__(self, oap: FakeOap) -> None:
         self.oap = oap
 
-    def reportProcesses(self, request, context):  # noqa: N802
+    def reportProcesses(self, request, context):
         self.oap._check_auth(context)
         downstream = Process_pb2.EBPFReportProcessDownstream()
         for process in request.processes:
@@ -120,7 +120,7 @@ class _Process(Process_pb2_grpc.EBPFProcessServiceServicer):
             self.oap.changed.notify_all()
         return downstream
 
-    def keepAlive(self, request, context):  # noqa: N802
+    def keepAlive(self, request, context):
         self.oap._check_auth(context)
         with self.oap.lock:
             self.oap.recorded.pings.append(request)

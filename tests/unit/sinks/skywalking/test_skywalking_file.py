@@ -103,7 +103,7 @@ def test_dump_text_and_json(tmp_path, capsys) -> None:
     lines = text.splitlines()
     assert lines[0].startswith("== task - process 4242 started 2023-11-14T22:13:20.000Z sent ")
     assert lines[1] == "#1 off-CPU switches=10 duration=2.000000s (2000000000 ns)"
-    assert lines[2] == "  kernel stack %d:" % first_stack_id(path)
+    assert lines[2] == f"  kernel stack {first_stack_id(path)}:"
     assert lines[3] == "    finish_task_switch.isra.0"
     assert "  user stack" in text and "    offcpu_sleep_ms" in text
     assert text.index("kernel stack") < text.index("user stack")
@@ -132,7 +132,7 @@ def test_dump_bad_files(tmp_path, capsys) -> None:
     assert dump_main(parser.parse_args(["skywalking-dump", str(truncated)])) == 1
     out = capsys.readouterr()
     assert "#1 off-CPU switches=1" in out.out
-    assert "truncated record at byte %d" % len(good) in out.err
+    assert f"truncated record at byte {len(good)}" in out.err
 
     with pytest.raises(CorruptFile, match="undecodable"):
         list(read_messages(io.BytesIO(b"\x02\xff\xff")))

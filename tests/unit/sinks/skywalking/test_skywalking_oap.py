@@ -213,7 +213,7 @@ def test_publish_never_waits_for_a_hanging_oap() -> None:
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     try:
-        endpoint = "127.0.0.1:%d" % listener.getsockname()[1]
+        endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
         sink = stream_sink(endpoint)
         started = time.monotonic()
         for seq in range(1, 20):
