@@ -110,9 +110,7 @@ class _Process(Process_pb2_grpc.EBPFProcessServiceServicer):
             if properties.get("support_ebpf_profiling") != "true":
                 continue
             e = host.entity
-            item = downstream.processes.add(
-                processId=oap_process_id(e.serviceName, e.instanceName, e.processName)
-            )
+            item = downstream.processes.add(processId=oap_process_id(e.serviceName, e.instanceName, e.processName))
             item.hostProcess.pid = host.pid
             item.hostProcess.entityMetadata.CopyFrom(e)
         with self.oap.lock:

@@ -43,9 +43,7 @@ PIPE = Stack(
     user=user("offcpu_pipe_read", "main"),
     kernel=kernel("finish_task_switch.isra.0", "__schedule", "schedule", "pipe_read", "vfs_read"),
 )
-LOST_USER = Stack(
-    user=placeholder("[lost stack: user, -EFAULT]"), kernel=kernel("finish_task_switch", "futex_wait")
-)
+LOST_USER = Stack(user=placeholder("[lost stack: user, -EFAULT]"), kernel=kernel("finish_task_switch", "futex_wait"))
 KERNEL_ONLY = Stack(user=(), kernel=kernel("finish_task_switch", "worker_thread", "kthread"))
 EMPTY = Stack(user=(), kernel=())
 

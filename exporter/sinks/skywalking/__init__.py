@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 from exporter.sinks import SinkContext, SinkStats
 from exporter.sinks.skywalking.agent import Agent, AgentOptions
@@ -27,7 +27,7 @@ from exporter.sinks.skywalking.encode import TaskMetadata, encode_snapshot
 from exporter.sinks.skywalking.file import FileTransport
 from exporter.snapshot import Snapshot
 
-__all__ = ["SkyWalkingSink", "add_arguments", "add_dump_arguments", "create", "dump_main"]
+__all__ = ["SkyWalkingSink", "add_arguments", "add_dump_arguments", "add_subcommands", "create", "dump_main"]
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="{exe}",
         help="fields: {comm} {exe} {pid} {hostname}",
     )
-    add(
-        "--skywalking-instance-name", metavar="FMT", default="{hostname}", help="as --skywalking-service-name"
-    )
+    add("--skywalking-instance-name", metavar="FMT", default="{hostname}", help="as --skywalking-service-name")
     add(
         "--skywalking-process-name",
         metavar="FMT",
@@ -130,9 +128,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--skywalking-timeout", metavar="SECONDS", type=_positive, default=10.0, help="per-RPC deadline")
 
 
+def add_subcommands(subparsers: Any) -> None:
+    """``offcpu-exporter skywalking-dump PATH`` (the CLI calls this hook of every sink module)."""
+    add_dump_arguments(subparsers)
+
+
 def _fail(message: str) -> None:
-    print(f"offcpu-exporter: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    # The CLI turns a ValueError from create() into one error line and exit status 2.
+    raise ValueError(message)
 
 
 def _check(options: argparse.Namespace) -> None:
@@ -142,17 +145,12 @@ def _check(options: argparse.Namespace) -> None:
             if value:
                 _fail(f"--skywalking-{flag} needs --skywalking-endpoint")
         if o.skywalking_task_id and not o.skywalking_file:
-            _fail(
-                "--skywalking-task-id needs --skywalking-endpoint (or names the records of --skywalking-file)"
-            )
+            _fail("--skywalking-task-id needs --skywalking-endpoint (or names the records of --skywalking-file)")
     elif o.skywalking_agent:
         if o.skywalking_task_id:
             _fail("--skywalking-agent takes its tasks from the OAP: drop --skywalking-task-id")
     elif not o.skywalking_task_id or not o.skywalking_process_id:
-        _fail(
-            "--skywalking-endpoint needs --skywalking-task-id and --skywalking-process-id,"
-            " or --skywalking-agent"
-        )
+        _fail("--skywalking-endpoint needs --skywalking-task-id and --skywalking-process-id, or --skywalking-agent")
     if o.skywalking_ca_file:
         if not o.skywalking_tls:
             _fail("--skywalking-ca-file needs --skywalking-tls")

@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from exporter.ratelimit import RateLimitedLog
 from exporter.sinks.skywalking.client import OapClient
 from exporter.sinks.skywalking.delivery import describe_error
 from exporter.sinks.skywalking.encode import TaskMetadata
 from exporter.sinks.skywalking.proto.common import Command_pb2, Common_pb2
 from exporter.sinks.skywalking.proto.ebpf.profiling import Process_pb2
-from exporter.sinks.skywalking.ratelimited import RateLimitedLog
 from exporter.snapshot import ProcessInfo, ProcessKey, Snapshot
 
 __all__ = ["Agent", "AgentOptions", "ProfilingTask", "parse_tasks", "snapshot_in_window"]
@@ -215,9 +215,7 @@ class Agent:
                 if key not in watched:
                     del self._state.reported[key]  # exited or no longer a target: stop pinging it
             todo = [
-                key
-                for key in watched
-                if key not in self._state.reported or not self._state.reported[key].process_id
+                key for key in watched if key not in self._state.reported or not self._state.reported[key].process_id
             ]
         if not todo:
             return
@@ -225,9 +223,7 @@ class Agent:
         report = Process_pb2.EBPFProcessReportList(ebpfAgentID=self._options.agent_id)
         for key, item in described.items():
             report.processes.add().hostProcess.CopyFrom(
-                Process_pb2.EBPFHostProcessMetadata(
-                    entity=item.entity, pid=key.pid, properties=item.properties
-                )
+                Process_pb2.EBPFHostProcessMetadata(entity=item.entity, pid=key.pid, properties=item.properties)
             )
         downstream = self._client.report_processes(report)
         assigned: dict[int, str] = {}
@@ -275,9 +271,7 @@ class Agent:
                 if task.trigger_type not in ("", "FIXED_TIME"):
                     if task.task_id not in self._ignored:
                         self._ignored.add(task.task_id)
-                        log.info(
-                            "skywalking: ignoring task %s with trigger %s", task.task_id, task.trigger_type
-                        )
+                        log.info("skywalking: ignoring task %s with trigger %s", task.task_id, task.trigger_type)
                     continue
                 if task.task_id not in self._state.tasks:
                     log.info(
@@ -301,9 +295,7 @@ class Agent:
             try:
                 step()
             except Exception as exc:  # grpc.RpcError: the OAP is down or refused; try next cycle
-                self._warn.warning(
-                    "skywalking agent: %s failed: %s", step.__name__.lstrip("_"), describe_error(exc)
-                )
+                self._warn.warning("skywalking agent: %s failed: %s", step.__name__.lstrip("_"), describe_error(exc))
                 return
 
     def _run(self) -> None:

@@ -57,23 +57,15 @@ class OapClient:
         self._process = Process_pb2_grpc.EBPFProcessServiceStub(self._channel)
 
     def _timeout(self, timeout: float | None) -> float:
-        return (
-            self.connection.timeout if timeout is None else max(0.001, min(timeout, self.connection.timeout))
-        )
+        return self.connection.timeout if timeout is None else max(0.001, min(timeout, self.connection.timeout))
 
-    def collect(
-        self, messages: Iterator[Profile_pb2.EBPFProfilingData], timeout: float | None = None
-    ) -> None:
-        self._profiling.collectProfilingData(
-            messages, timeout=self._timeout(timeout), metadata=self._metadata
-        )
+    def collect(self, messages: Iterator[Profile_pb2.EBPFProfilingData], timeout: float | None = None) -> None:
+        self._profiling.collectProfilingData(messages, timeout=self._timeout(timeout), metadata=self._metadata)
 
     def query_tasks(
         self, instance_id: str, latest_update_ms: int, timeout: float | None = None
     ) -> Command_pb2.Commands:
-        query = Profile_pb2.EBPFProfilingTaskQuery(
-            roverInstanceId=instance_id, latestUpdateTime=latest_update_ms
-        )
+        query = Profile_pb2.EBPFProfilingTaskQuery(roverInstanceId=instance_id, latestUpdateTime=latest_update_ms)
         result: Command_pb2.Commands = self._profiling.queryTasks(
             query, timeout=self._timeout(timeout), metadata=self._metadata
         )
@@ -103,9 +95,7 @@ class OapStreamTransport:
     def __init__(self, client: OapClient) -> None:
         self._client = client
 
-    def send(
-        self, task: TaskMetadata, messages: Sequence[Profile_pb2.EBPFProfilingData], timeout: float
-    ) -> None:
+    def send(self, task: TaskMetadata, messages: Sequence[Profile_pb2.EBPFProfilingData], timeout: float) -> None:
         if not messages:
             return
         self._client.collect(iter(with_task(task, messages)), timeout=timeout)

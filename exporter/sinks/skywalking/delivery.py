@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from exporter.ratelimit import RateLimitedLog
 from exporter.sinks import SinkStats
 from exporter.sinks.skywalking.encode import TaskMetadata
 from exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
-from exporter.sinks.skywalking.ratelimited import RateLimitedLog
 
 __all__ = ["Batch", "Delivery", "RetryPolicy", "Transport", "describe_error"]
 

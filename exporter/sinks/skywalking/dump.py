@@ -28,7 +28,8 @@ def add_dump_arguments(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--format", choices=("text", "json"), default="text", help="text (default) or one JSON object a line"
     )
-    parser.set_defaults(func=dump_main)
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
+    parser.set_defaults(handler=dump_main)
     return parser
 
 
@@ -50,8 +51,7 @@ def format_message(index: int, message: pb.EBPFProfilingData) -> str:
     if kind == "offCPU":
         off = message.offCPU
         lines.append(
-            f"#{index} off-CPU switches={off.switchCount}"
-            f" duration={off.duration / 1e9:.6f}s ({off.duration} ns)"
+            f"#{index} off-CPU switches={off.switchCount} duration={off.duration / 1e9:.6f}s ({off.duration} ns)"
         )
         stacks = off.stacks
     elif kind == "onCPU":

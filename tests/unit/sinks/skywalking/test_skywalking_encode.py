@@ -59,8 +59,7 @@ def test_golden_messages() -> None:
     encoded = encode_snapshot(golden_snapshot())
     actual = {
         str(key.pid): [
-            json.loads(json_format.MessageToJson(m, always_print_fields_with_no_presence=True))
-            for m in messages
+            json.loads(json_format.MessageToJson(m, always_print_fields_with_no_presence=True)) for m in messages
         ]
         for key, messages in encoded.items()
     }

@@ -142,9 +142,7 @@ def test_oap_down_then_back_loses_nothing_within_the_buffer(oap: FakeOap) -> Non
     oap.stop()
     expected = {1: 10}
     for seq in range(2, 8):  # six flushes while the OAP is down
-        sink.publish(
-            snapshot([sample(APP, SLEEP, seq, seq * 10), sample(APP, PIPE, 1, 1)], [APP], sequence=seq)
-        )
+        sink.publish(snapshot([sample(APP, SLEEP, seq, seq * 10), sample(APP, PIPE, 1, 1)], [APP], sequence=seq))
         assert delivery.wait_idle(10)
         expected[seq] = seq * 10
     assert delivery.pending() == 12
@@ -160,9 +158,7 @@ def test_oap_down_then_back_loses_nothing_within_the_buffer(oap: FakeOap) -> Non
 
     data = oap.data()
     assert len(data) == 13
-    sleeps = sorted(
-        m.offCPU.duration for m in data if m.offCPU.stacks[1].stackSymbols[0] == "offcpu_sleep_ms"
-    )
+    sleeps = sorted(m.offCPU.duration for m in data if m.offCPU.stacks[1].stackSymbols[0] == "offcpu_sleep_ms")
     assert sleeps == sorted(expected.values())
     assert sink.stats.get("dropped") == 0 and sink.stats.get("sent") == 13
     # The backlog went out as one stream (one task header) after the restart.
@@ -175,9 +171,7 @@ def test_oap_down_beyond_the_buffer_counts_drops(oap: FakeOap, caplog) -> None:
     oap.stop()
     with caplog.at_level(logging.WARNING):
         for seq in range(1, 5):  # 4 flushes of 2 messages: 8 messages, 5 kept
-            sink.publish(
-                snapshot([sample(APP, SLEEP, seq, seq), sample(APP, PIPE, seq, seq)], [APP], sequence=seq)
-            )
+            sink.publish(snapshot([sample(APP, SLEEP, seq, seq), sample(APP, PIPE, seq, seq)], [APP], sequence=seq))
             assert delivery.wait_idle(10)
     assert delivery.pending() == 5
     assert sink.stats.get("dropped") == 3
@@ -290,9 +284,7 @@ def test_agent_reports_processes_and_follows_an_off_cpu_task(oap: FakeOap, caplo
 
     # Window [T0+10 s, T0+20 s): flushes 3 and 4 (5 s each from T0) belong to it, for APP only.
     with caplog.at_level(logging.INFO):
-        oap.add_task(
-            Task("off-1", [app_id], "OFF_CPU", start_ms=T0_MS + 10_000, duration_s=10, update_ms=500)
-        )
+        oap.add_task(Task("off-1", [app_id], "OFF_CPU", start_ms=T0_MS + 10_000, duration_s=10, update_ms=500))
         oap.add_task(Task("on-1", [app_id], "ON_CPU", start_ms=T0_MS, duration_s=60, update_ms=600))
         oap.add_task(Task("net-1", [other_id], "NETWORK", start_ms=T0_MS, duration_s=60, update_ms=400))
         queries_before = len(oap.recorded.queries)

@@ -107,15 +107,11 @@ def test_oneofs_and_enum() -> None:
         "onCPU",
         "offCPU",
     ]
-    assert [
-        f.name for f in Process_pb2.EBPFProcessProperties.DESCRIPTOR.oneofs_by_name["metadata"].fields
-    ] == [
+    assert [f.name for f in Process_pb2.EBPFProcessProperties.DESCRIPTOR.oneofs_by_name["metadata"].fields] == [
         "hostProcess",
         "k8sProcess",
     ]
-    assert [
-        f.name for f in Process_pb2.EBPFProcessDownstream.DESCRIPTOR.oneofs_by_name["process"].fields
-    ] == [
+    assert [f.name for f in Process_pb2.EBPFProcessDownstream.DESCRIPTOR.oneofs_by_name["process"].fields] == [
         "hostProcess",
         "k8sProcess",
     ]
@@ -209,9 +205,7 @@ def test_on_cpu_and_query_from_hand_written_bytes() -> None:
 
 
 def test_process_messages_from_hand_written_bytes() -> None:
-    entity = (
-        length(1, "OS_LINUX") + length(2, "svc") + length(3, "inst") + length(4, "app-1") + length(5, "l1")
-    )
+    entity = length(1, "OS_LINUX") + length(2, "svc") + length(3, "inst") + length(4, "app-1") + length(5, "l1")
     prop = length(1, "support_ebpf_profiling") + length(2, "true")
     host = length(1, entity) + uint(2, 4242) + length(3, prop)
     report = Process_pb2.EBPFProcessReportList.FromString(length(1, length(1, host)) + length(2, "agent-7"))
