@@ -148,11 +148,13 @@ class Agent:
     # -- pipeline side -------------------------------------------------------------------------
 
     def observe(self, snapshot: Snapshot) -> None:
-        """Records the snapshot's live processes as the ones to report (cheap; no I/O)."""
-        live = {key: view.info for key, view in snapshot.processes.items() if not view.info.exited}
+        """Records the snapshot's processes (cheap; no I/O). Live ones are reported and kept alive;
+        an exited one keeps its OAP id while snapshots still carry it, so that the data counted
+        up to its exit is still sent under its task."""
+        present = {key: view.info for key, view in snapshot.processes.items()}
         with self._lock:
-            new = live.keys() - self._state.watched.keys()
-            self._state.watched = live
+            new = {k for k, info in present.items() if not info.exited} - self._state.watched.keys()
+            self._state.watched = present
         if new:
             self._poke.set()  # report newcomers now rather than at the next poll
 
@@ -213,9 +215,11 @@ class Agent:
             watched = dict(self._state.watched)
             for key in list(self._state.reported):
                 if key not in watched:
-                    del self._state.reported[key]  # exited or no longer a target: stop pinging it
+                    del self._state.reported[key]  # gone from the snapshots: forget it
             todo = [
-                key for key in watched if key not in self._state.reported or not self._state.reported[key].process_id
+                key
+                for key, info in watched.items()
+                if not info.exited and (key not in self._state.reported or not self._state.reported[key].process_id)
             ]
         if not todo:
             return
@@ -239,11 +243,16 @@ class Agent:
                 if item.process_id:
                     log.info("skywalking: reported pid %d as process %s", key.pid, item.process_id)
                 else:
-                    log.warning("skywalking: the OAP assigned no process id to pid %d", key.pid)
+                    self._warn.warning("skywalking: the OAP assigned no process id to pid %d", key.pid)
 
     def _keep_alive(self) -> None:
         with self._lock:
-            reported = [r for r in self._state.reported.values() if r.process_id]
+            watched = self._state.watched
+            reported = [
+                r
+                for key, r in self._state.reported.items()
+                if r.process_id and key in watched and not watched[key].exited
+            ]
         if not reported:
             return
         pings = Process_pb2.EBPFProcessPingPkgList(ebpfAgentID=self._options.agent_id)

@@ -1,0 +1,146 @@
+"""The SkyWalking output end to end: the real probe on a workload with known blocking, through the
+exporter's own wiring (CLI parsing, build_pipeline, sink creation), to a file and to a fake OAP."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.cli import build_pipeline, parse_args
+from exporter.sinks import SinkContext
+from exporter.sinks.skywalking.delimited import read_messages
+from exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
+from exporter.web import Routes
+from tests.support.skywalking_oap import FakeOap, Task, oap_process_id
+from tests.support.workloads import Workload, WorkloadResult
+
+pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
+
+# 1.5 s blocked in offcpu_sleep_ms over three flushes: user frames are symbolized while the
+# process lives (the flush after its exit can only name what was resolved before).
+ITERATIONS, INTERVAL_MS = 60, 25
+
+
+def run_exporter(
+    argv: list[str], workload: Workload, settle: float = 0.0, others: tuple[Workload, ...] = ()
+) -> WorkloadResult:
+    """Runs the exporter's pipeline with its sinks (as `serve` wires them) around one workload run
+    (and `others`, also watched, running at the same time)."""
+    pids = [arg for w in (workload, *others) for arg in ("--pid", str(w.pid))]
+    options = parse_args(["serve", *pids, "--flush-interval", "0.5", *argv])
+    probe, pipeline = build_pipeline(options)
+    probe.start()
+    try:
+        context = SinkContext(latest=pipeline.latest, flush_now=pipeline.flush_now, routes=Routes(),
+                              history=pipeline.history)  # fmt: skip
+        for module in options._sink_modules:
+            sink = module.create(options, context)
+            if sink is not None:
+                context.sinks.append(sink)
+        pipeline.sinks = context.sinks
+        pipeline.start()
+        pipeline.flush_now(10)  # targets are in the kernel filter before the workload blocks
+        time.sleep(settle)
+        for other in others:
+            other.go()
+        workload.go()
+        result = workload.wait()
+        for other in others:
+            other.wait()
+        pipeline.stop(sink_timeout=10)
+    finally:
+        probe.close()
+    return result
+
+
+def sleep_totals(messages: list[pb.EBPFProfilingData]) -> tuple[int, int]:
+    """(switches, ns) of the stacks whose innermost user frame is offcpu_sleep_ms."""
+    count = ns = 0
+    for message in messages:
+        stacks = message.offCPU.stacks
+        user = [s for s in stacks if s.stackType == pb.PROCESS_USER_SPACE]
+        if user and user[0].stackSymbols[0] == "offcpu_sleep_ms":
+            count += message.offCPU.switchCount
+            ns += message.offCPU.duration
+    return count, ns
+
+
+def check_stacks(messages: list[pb.EBPFProfilingData]) -> None:
+    for message in messages:
+        types = [s.stackType for s in message.offCPU.stacks]
+        assert types in ([pb.PROCESS_KERNEL_SPACE, pb.PROCESS_USER_SPACE], [pb.PROCESS_KERNEL_SPACE],
+                         [pb.PROCESS_USER_SPACE])  # fmt: skip
+        assert message.offCPU.switchCount > 0 or message.offCPU.duration > 0
+
+
+def test_file_gets_the_workloads_blocking(tmp_path: Path) -> None:
+    path = tmp_path / "offcpu.swpb"
+    with Workload("sleep", iterations=ITERATIONS, interval_ms=INTERVAL_MS) as workload:
+        result = run_exporter(["--skywalking-file", str(path)], workload)
+    with path.open("rb") as f:
+        messages = list(read_messages(f))
+    check_stacks(messages)
+    count, ns = sleep_totals(messages)
+    assert count == pytest.approx(result.calls, rel=0.10)
+    assert ns == pytest.approx(result.blocked_ns, rel=0.10)
+    sleeping = [m for m in messages if sleep_totals([m])[0]]
+    kernel = [s for s in sleeping[0].offCPU.stacks if s.stackType == pb.PROCESS_KERNEL_SPACE]
+    assert kernel and any("nanosleep" in symbol for symbol in kernel[0].stackSymbols)
+    headers = [m.task for m in messages if m.HasField("task")]
+    assert headers and all(h.processId == str(workload.pid) for h in headers)
+
+
+def test_fake_oap_task_mode_gets_the_workloads_blocking() -> None:
+    oap = FakeOap().start()
+    try:
+        with Workload("sleep", iterations=ITERATIONS, interval_ms=INTERVAL_MS) as workload:
+            result = run_exporter(
+                ["--skywalking-endpoint", oap.endpoint, "--skywalking-task-id", "task-e2e",
+                 "--skywalking-process-id", "proc-e2e"],
+                workload,
+            )  # fmt: skip
+        messages = oap.data()
+    finally:
+        oap.stop()
+    check_stacks(messages)
+    count, ns = sleep_totals(messages)
+    assert count == pytest.approx(result.calls, rel=0.10)
+    assert ns == pytest.approx(result.blocked_ns, rel=0.10)
+    for stream in oap.recorded.streams:
+        assert (stream.messages[0].task.taskId, stream.messages[0].task.processId) == ("task-e2e", "proc-e2e")
+
+
+def test_fake_oap_agent_mode_gets_the_task_processs_blocking() -> None:
+    oap = FakeOap().start()
+    try:
+        with (
+            Workload("sleep", iterations=ITERATIONS, interval_ms=INTERVAL_MS) as workload,
+            Workload("pipe", iterations=ITERATIONS, interval_ms=INTERVAL_MS) as bystander,
+        ):
+            # The task exists before the exporter starts: the first poll after reporting finds it.
+            process_id = oap_process_id("offcpu_workload", "e2e-host", f"workload-{workload.pid}")
+            now_ms = time.time_ns() // 1_000_000
+            oap.add_task(Task("task-agent", [process_id], "OFF_CPU", start_ms=now_ms, duration_s=120, update_ms=1))
+            result = run_exporter(
+                ["--skywalking-endpoint", oap.endpoint, "--skywalking-agent", "--skywalking-agent-id", "e2e",
+                 "--skywalking-instance-name", "e2e-host", "--skywalking-process-name", "workload-{pid}",
+                 "--skywalking-task-poll-interval", "0.5"],
+                workload,
+                settle=2.0,  # report + first poll before the workload starts blocking
+                others=(bystander,),  # watched and reported, but no task: none of its data is sent
+            )  # fmt: skip
+        messages = oap.data()
+    finally:
+        oap.stop()
+    reported = {p.hostProcess.pid: p.hostProcess for r in oap.recorded.reports for p in r.processes}
+    assert set(reported) == {workload.pid, bystander.pid}
+    assert reported[workload.pid].entity.serviceName == "offcpu_workload"
+    assert not any("offcpu_pipe_read" in s.stackSymbols for m in messages for s in m.offCPU.stacks)
+    check_stacks(messages)
+    count, ns = sleep_totals(messages)
+    assert count == pytest.approx(result.calls, rel=0.10)
+    assert ns == pytest.approx(result.blocked_ns, rel=0.10)
+    for stream in oap.recorded.streams:
+        assert (stream.messages[0].task.taskId, stream.messages[0].task.processId) == ("task-agent", process_id)
