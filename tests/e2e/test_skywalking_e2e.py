@@ -1,18 +1,19 @@
-"""The SkyWalking output end to end: the real probe on a workload with known blocking, through the
-exporter's own wiring (CLI parsing, build_pipeline, sink creation), to a file and to a fake OAP."""
+"""The SkyWalking output end to end: a real `offcpu-exporter serve` (real probe) watching a workload
+with known blocking, writing to a file and streaming to a fake OAP on loopback."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_pipeline, parse_args
-from exporter.sinks import SinkContext
 from exporter.sinks.skywalking.delimited import read_messages
 from exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
-from exporter.web import Routes
+from tests.support.exporter import ROOT, ExporterProcess
 from tests.support.skywalking_oap import FakeOap, Task, oap_process_id
 from tests.support.workloads import Workload, WorkloadResult
 
@@ -26,32 +27,20 @@ ITERATIONS, INTERVAL_MS = 60, 25
 def run_exporter(
     argv: list[str], workload: Workload, settle: float = 0.0, others: tuple[Workload, ...] = ()
 ) -> WorkloadResult:
-    """Runs the exporter's pipeline with its sinks (as `serve` wires them) around one workload run
-    (and `others`, also watched, running at the same time)."""
+    """Runs a real `offcpu-exporter serve` watching the workload (and `others`, watched and
+    running at the same time), then stops it with SIGTERM (final flush, sinks closed)."""
     pids = [arg for w in (workload, *others) for arg in ("--pid", str(w.pid))]
-    options = parse_args(["serve", *pids, "--flush-interval", "0.5", *argv])
-    probe, pipeline = build_pipeline(options)
-    probe.start()
-    try:
-        context = SinkContext(latest=pipeline.latest, flush_now=pipeline.flush_now, routes=Routes(),
-                              history=pipeline.history)  # fmt: skip
-        for module in options._sink_modules:
-            sink = module.create(options, context)
-            if sink is not None:
-                context.sinks.append(sink)
-        pipeline.sinks = context.sinks
-        pipeline.start()
-        pipeline.flush_now(10)  # targets are in the kernel filter before the workload blocks
-        time.sleep(settle)
+    with ExporterProcess([*pids, "--flush-interval", "0.5", *argv]) as exporter:
+        time.sleep(0.5 + settle)  # targets reach the kernel filter within one targets interval
         for other in others:
             other.go()
         workload.go()
         result = workload.wait()
         for other in others:
             other.wait()
-        pipeline.stop(sink_timeout=10)
-    finally:
-        probe.close()
+        time.sleep(1.0)  # one more flush while the exporter runs, then the final one at SIGTERM
+        assert exporter.stop() == 0, exporter.log()
+        assert "Traceback" not in exporter.log(), exporter.log()
     return result
 
 
@@ -144,3 +133,28 @@ def test_fake_oap_agent_mode_gets_the_task_processs_blocking() -> None:
     assert ns == pytest.approx(result.blocked_ns, rel=0.10)
     for stream in oap.recorded.streams:
         assert (stream.messages[0].task.taskId, stream.messages[0].task.processId) == ("task-agent", process_id)
+
+
+def test_serve_rejects_bad_skywalking_options_with_exit_2() -> None:
+    with Workload("sleep", iterations=1, interval_ms=1) as workload:
+        exporter = ExporterProcess(["--pid", str(workload.pid), "--skywalking-endpoint", "127.0.0.1:1"])
+        with pytest.raises(RuntimeError, match="exited with 2"):
+            exporter.start()
+        assert "needs --skywalking-task-id and --skywalking-process-id" in exporter.log()
+        exporter.stop()
+
+
+def test_skywalking_dump_prints_a_served_file(tmp_path: Path) -> None:
+    path = tmp_path / "offcpu.swpb"
+    with Workload("sleep", iterations=ITERATIONS, interval_ms=INTERVAL_MS) as workload:
+        run_exporter(["--skywalking-file", str(path)], workload)
+    out = subprocess.run(
+        [sys.executable, "-m", "exporter", "skywalking-dump", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    ).stdout
+    assert f"process {workload.pid} started" in out
+    assert "    offcpu_sleep_ms" in out and "    do_nanosleep" in out
