@@ -138,6 +138,7 @@ def test_oap_down_then_back_loses_nothing_within_the_buffer(oap: FakeOap) -> Non
     (delivery,) = sink.deliveries
     sink.publish(snapshot([sample(APP, SLEEP, 1, 10)], [APP], sequence=1))
     assert oap.wait_for(lambda r: len(r.streams) == 1)
+    assert delivery.wait_idle(5) and sink.stats.get("sent") == 1  # the answer is back, too
 
     oap.stop()
     expected = {1: 10}
