@@ -4,6 +4,7 @@ with known blocking, writing to a file and streaming to a fake OAP on loopback."
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,11 +26,16 @@ ITERATIONS, INTERVAL_MS = 60, 25
 
 
 def run_exporter(
-    argv: list[str], workload: Workload, settle: float = 0.0, others: tuple[Workload, ...] = ()
+    argv: list[str],
+    workload: Workload,
+    settle: float = 0.0,
+    others: tuple[Workload, ...] = (),
+    metrics: list[str] | None = None,
 ) -> WorkloadResult:
     """Runs a real `offcpu-exporter serve` watching the workload (and `others`, watched and
     running at the same time), then stops it with SIGTERM (final flush, sinks closed)."""
     pids = [arg for w in (workload, *others) for arg in ("--pid", str(w.pid))]
+    metrics = [] if metrics is None else metrics
     with ExporterProcess([*pids, "--flush-interval", "0.5", *argv]) as exporter:
         time.sleep(0.5 + settle)  # targets reach the kernel filter within one targets interval
         for other in others:
@@ -39,9 +45,17 @@ def run_exporter(
         for other in others:
             other.wait()
         time.sleep(1.0)  # one more flush while the exporter runs, then the final one at SIGTERM
+        metrics.append(exporter.get("/metrics").decode())
         assert exporter.stop() == 0, exporter.log()
         assert "Traceback" not in exporter.log(), exporter.log()
     return result
+
+
+def report(what: str, result: WorkloadResult, count: int, ns: int) -> None:
+    print(
+        f"{what}: offcpu_sleep_ms sent {ns / 1e9:.4f} s in {count} switches;"
+        f" known {result.blocked_ns / 1e9:.4f} s in {result.calls} calls ({ns / result.blocked_ns - 1:+.2%})"
+    )
 
 
 def sleep_totals(messages: list[pb.EBPFProfilingData]) -> tuple[int, int]:
@@ -67,11 +81,15 @@ def check_stacks(messages: list[pb.EBPFProfilingData]) -> None:
 def test_file_gets_the_workloads_blocking(tmp_path: Path) -> None:
     path = tmp_path / "offcpu.swpb"
     with Workload("sleep", iterations=ITERATIONS, interval_ms=INTERVAL_MS) as workload:
-        result = run_exporter(["--skywalking-file", str(path)], workload)
+        metrics: list[str] = []
+        result = run_exporter(["--skywalking-file", str(path)], workload, metrics=metrics)
+    sent = re.search(r'^offcpu_exporter_sink_sent_total\{sink="skywalking"\} (\S+)$', metrics[0], re.M)
+    assert sent and float(sent.group(1)) > 0  # the sink's own delivery counters are exported
     with path.open("rb") as f:
         messages = list(read_messages(f))
     check_stacks(messages)
     count, ns = sleep_totals(messages)
+    report("file", result, count, ns)
     assert count == pytest.approx(result.calls, rel=0.10)
     assert ns == pytest.approx(result.blocked_ns, rel=0.10)
     sleeping = [m for m in messages if sleep_totals([m])[0]]
@@ -95,6 +113,7 @@ def test_fake_oap_task_mode_gets_the_workloads_blocking() -> None:
         oap.stop()
     check_stacks(messages)
     count, ns = sleep_totals(messages)
+    report("oap task mode", result, count, ns)
     assert count == pytest.approx(result.calls, rel=0.10)
     assert ns == pytest.approx(result.blocked_ns, rel=0.10)
     for stream in oap.recorded.streams:
@@ -129,6 +148,7 @@ def test_fake_oap_agent_mode_gets_the_task_processs_blocking() -> None:
     assert not any("offcpu_pipe_read" in s.stackSymbols for m in messages for s in m.offCPU.stacks)
     check_stacks(messages)
     count, ns = sleep_totals(messages)
+    report("oap agent mode", result, count, ns)
     assert count == pytest.approx(result.calls, rel=0.10)
     assert ns == pytest.approx(result.blocked_ns, rel=0.10)
     for stream in oap.recorded.streams:
