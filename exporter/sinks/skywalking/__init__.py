@@ -14,10 +14,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import threading
+import time
 import uuid
+from collections import deque
 from pathlib import Path
 from typing import Any
 
+from exporter.ratelimit import RateLimitedLog
 from exporter.sinks import SinkContext, SinkStats
 from exporter.sinks.skywalking.agent import Agent, AgentOptions
 from exporter.sinks.skywalking.client import OapClient, OapConnection, OapStreamTransport
@@ -30,6 +34,8 @@ from exporter.snapshot import Snapshot
 __all__ = ["SkyWalkingSink", "add_arguments", "add_dump_arguments", "add_subcommands", "create", "dump_main"]
 
 log = logging.getLogger(__name__)
+
+MAX_QUEUED_SNAPSHOTS = 16  # flushes waiting for the encoder (80 s at the default 5 s interval)
 
 
 def _endpoint(value: str) -> str:
@@ -182,6 +188,7 @@ class SkyWalkingSink:
         policy: RetryPolicy | None = None,
     ) -> None:
         self.stats = SinkStats()
+        self._warn = RateLimitedLog(log)
         self._options = options
         self._client = client
         self._agent = agent
@@ -193,6 +200,16 @@ class SkyWalkingSink:
             self._file = Delivery(file_transport, self.stats, limit, policy)
         if client is not None:
             self._oap = Delivery(OapStreamTransport(client), self.stats, limit, policy)
+        # Encoding runs on the sink's own thread: for thousands of changed stacks it takes tens to
+        # hundreds of ms, which must not delay the pipeline's next flush.
+        self._snapshots: deque[Snapshot] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = False
+        self._busy = False
+        self._idle = threading.Condition(self._lock)
+        self._encoder = threading.Thread(target=self._run, name="skywalking-encode", daemon=True)
+        self._encoder.start()
         if agent is not None:
             agent.start()
 
@@ -204,6 +221,52 @@ class SkyWalkingSink:
         return self._options.skywalking_task_start_time or snapshot.start_time_ns // 1_000_000
 
     def publish(self, snapshot: Snapshot) -> None:
+        """Queues the snapshot for the encoder thread; never waits."""
+        with self._lock:
+            if len(self._snapshots) >= MAX_QUEUED_SNAPSHOTS:
+                # The encoder is that far behind: the oldest flush's data goes, counted.
+                lost = self._snapshots.popleft()
+                dropped = sum(1 for _ in lost.changed())
+                self.stats.add("dropped", dropped)
+                self._warn.warning("skywalking: encoder behind, dropped a flush of %d changed stacks", dropped)
+            self._snapshots.append(snapshot)
+            self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            with self._lock:
+                snapshots = list(self._snapshots)
+                self._snapshots.clear()
+                self._wake.clear()
+                self._busy = True
+                closing = self._closing
+            for snapshot in snapshots:
+                try:
+                    self._deliver(snapshot)
+                except Exception:
+                    # A bug must not kill the thread and silently stop the output.
+                    self.stats.add("failed")
+                    log.exception("skywalking: encoding a snapshot failed")
+            with self._lock:
+                self._busy = False
+                self._idle.notify_all()
+                if closing and not self._snapshots:
+                    return
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Waits until every published snapshot is encoded and handed to the destinations, and
+        those have sent or put back what they had (for tests and benchmarks)."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            while self._busy or self._snapshots:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return all(d.wait_idle(max(0.0, end - time.monotonic())) for d in self.deliveries)
+
+    def _deliver(self, snapshot: Snapshot) -> None:
         o = self._options
         by_process = None
         if self._file is not None or (self._oap is not None and self._agent is None):
@@ -244,6 +307,12 @@ class SkyWalkingSink:
         self._oap.submit(batches)
 
     def close(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        with self._lock:
+            self._closing = True
+            self._wake.set()
+        self._encoder.join(max(0.1, timeout / 2))  # encode the final snapshot before the last sends
+        timeout = max(0.1, end - time.monotonic())
         if self._agent is not None:
             self._agent.close(min(timeout, 2.0))
         for delivery in self.deliveries:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
-from exporter.snapshot import Counter, Frame, ProcessKey, Snapshot, Stack, StackSample
+from exporter.snapshot import Counter, ProcessKey, Snapshot, Stack, StackSample
 
 __all__ = [
     "INT32_MAX",
@@ -24,7 +25,6 @@ __all__ = [
     "encode_snapshot",
     "skywalking_stack_id",
     "split_counter",
-    "stack_symbols",
     "with_task",
 ]
 
@@ -61,12 +61,6 @@ def skywalking_stack_id(stack: Stack) -> int:
     return int(stack.stack_id[:8], 16) >> 1
 
 
-def stack_symbols(frames: Sequence[Frame]) -> list[str]:
-    """The frames' names, leaf first. Placeholders (``[lost stack ...]``, ``[unknown] lib+0x..``)
-    are names like any other, so a lost or unresolved half still shows in the flame graph."""
-    return [frame.name for frame in frames]
-
-
 def split_counter(counter: Counter) -> list[Counter]:
     """Splits an increase whose switch count exceeds int32 (`switchCount`'s wire type) into parts
     that each fit, dividing the nanoseconds in proportion; the parts add up to the whole."""
@@ -84,49 +78,62 @@ def split_counter(counter: Counter) -> list[Counter]:
     return parts
 
 
-def _stack_metadata(stack: Stack) -> list[pb.EBPFProfilingStackMetadata]:
-    stack_id = skywalking_stack_id(stack)
-    halves = (
-        (pb.PROCESS_KERNEL_SPACE, stack.kernel),
-        (pb.PROCESS_USER_SPACE, stack.user),
-    )
-    return [
-        pb.EBPFProfilingStackMetadata(stackType=kind, stackId=stack_id, stackSymbols=stack_symbols(frames))
-        for kind, frames in halves
-        if frames
-    ]
+def _add_half(off: pb.EBPFOffCPUProfiling, kind: int, stack_id: int, symbols: tuple[str, ...]) -> None:
+    if symbols:
+        half = off.stacks.add()
+        half.stackType = kind  # type: ignore[assignment]
+        half.stackId = stack_id
+        half.stackSymbols.extend(symbols)
+
+
+def _encode(samples: Iterable[StackSample]) -> dict[ProcessKey, list[pb.EBPFProfilingData]]:
+    # Samples are summed per process and *symbols* (the frame names, which is all the OAP sees and
+    # what it merges by): tuples of already-hashed strings hash several times faster than Stack
+    # values, whose hash walks every Frame. Placeholders (``[lost stack ...]``, ``[unknown]
+    # lib+0x..``) are names like any other, so a lost or unresolved half still shows.
+    groups: dict[tuple[ProcessKey, tuple[str, ...], tuple[str, ...]], list[Any]] = {}
+    for sample in samples:
+        increase = sample.increase
+        if not increase:
+            continue
+        stack = sample.stack
+        key = (sample.process, tuple([f.name for f in stack.kernel]), tuple([f.name for f in stack.user]))
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [stack, increase.count, increase.ns]
+        else:
+            group[1] += increase.count
+            group[2] += increase.ns
+    result: dict[ProcessKey, list[pb.EBPFProfilingData]] = {}
+    split = extra = 0
+    for (process, kernel, user), (stack, count, ns) in groups.items():
+        if count < 0 or ns < 0:
+            continue  # counters only grow; a negative increase is a restarted source, not data
+        if not kernel and not user:
+            continue  # both halves empty: nothing the OAP could draw (Rover skips these too)
+        stack_id = skywalking_stack_id(stack)
+        parts = split_counter(Counter(count, ns))
+        if len(parts) > 1:
+            split += 1
+            extra += len(parts) - 1
+        messages = result.setdefault(process, [])
+        for part in parts:
+            message = pb.EBPFProfilingData()
+            off = message.offCPU
+            _add_half(off, pb.PROCESS_KERNEL_SPACE, stack_id, kernel)
+            _add_half(off, pb.PROCESS_USER_SPACE, stack_id, user)
+            off.switchCount = part.count
+            off.duration = part.ns
+            messages.append(message)
+    if split:
+        log.info("split %d stack increases above int32 switches into %d extra messages", split, extra)
+    return result
 
 
 def encode_samples(samples: Iterable[StackSample]) -> list[pb.EBPFProfilingData]:
     """Off-CPU messages for the increases of `samples` (of one process or several: each process's
     stacks are kept apart), in first-seen order. Task metadata is left to the transport."""
-    increases: dict[tuple[ProcessKey, Stack], Counter] = {}
-    for sample in samples:
-        if not sample.increase:
-            continue
-        key = (sample.process, sample.stack)
-        increases[key] = increases.get(key, Counter()) + sample.increase
-    messages: list[pb.EBPFProfilingData] = []
-    split = extra = 0
-    for (_, stack), increase in increases.items():
-        if increase.count < 0 or increase.ns < 0:
-            continue  # counters only grow; a negative increase is a restarted source, not data
-        metadata = _stack_metadata(stack)
-        if not metadata:
-            continue  # both halves empty: nothing the OAP could draw (Rover skips these too)
-        parts = split_counter(increase)
-        if len(parts) > 1:
-            split += 1
-            extra += len(parts) - 1
-        for part in parts:
-            messages.append(
-                pb.EBPFProfilingData(
-                    offCPU=pb.EBPFOffCPUProfiling(stacks=metadata, switchCount=part.count, duration=part.ns)
-                )
-            )
-    if split:
-        log.info("split %d stack increases above int32 switches into %d extra messages", split, extra)
-    return messages
+    return [message for messages in _encode(samples).values() for message in messages]
 
 
 def encode_snapshot(
@@ -134,17 +141,10 @@ def encode_snapshot(
 ) -> dict[ProcessKey, list[pb.EBPFProfilingData]]:
     """Messages per process for the snapshot's increases (only `processes` when given); processes
     without a changed stack are absent."""
-    wanted = None if processes is None else set(processes)
-    by_process: dict[ProcessKey, list[StackSample]] = {}
-    for sample in snapshot.changed():
-        if wanted is None or sample.process in wanted:
-            by_process.setdefault(sample.process, []).append(sample)
-    result: dict[ProcessKey, list[pb.EBPFProfilingData]] = {}
-    for key, samples in by_process.items():
-        messages = encode_samples(samples)
-        if messages:
-            result[key] = messages
-    return result
+    if processes is None:
+        return _encode(snapshot.changed())
+    wanted = set(processes)
+    return _encode(s for s in snapshot.changed() if s.process in wanted)
 
 
 def with_task(task: TaskMetadata, messages: Sequence[pb.EBPFProfilingData]) -> list[pb.EBPFProfilingData]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import subprocess
+import threading
 import time
 
 import grpc
@@ -138,13 +139,13 @@ def test_oap_down_then_back_loses_nothing_within_the_buffer(oap: FakeOap) -> Non
     (delivery,) = sink.deliveries
     sink.publish(snapshot([sample(APP, SLEEP, 1, 10)], [APP], sequence=1))
     assert oap.wait_for(lambda r: len(r.streams) == 1)
-    assert delivery.wait_idle(5) and sink.stats.get("sent") == 1  # the answer is back, too
+    assert sink.wait_idle(5) and sink.stats.get("sent") == 1  # the answer is back, too
 
     oap.stop()
     expected = {1: 10}
     for seq in range(2, 8):  # six flushes while the OAP is down
         sink.publish(snapshot([sample(APP, SLEEP, seq, seq * 10), sample(APP, PIPE, 1, 1)], [APP], sequence=seq))
-        assert delivery.wait_idle(10)
+        assert sink.wait_idle(10)
         expected[seq] = seq * 10
     assert delivery.pending() == 12
     assert sink.stats.get("failed") >= 6 and sink.stats.get("retried") >= 6
@@ -153,7 +154,7 @@ def test_oap_down_then_back_loses_nothing_within_the_buffer(oap: FakeOap) -> Non
     deadline = time.monotonic() + 20
     while sum(len(s.messages) for s in oap.recorded.streams) < 13 and time.monotonic() < deadline:
         sink.publish(snapshot([], [APP], sequence=99))  # later flushes with no change re-send the backlog
-        delivery.wait_idle(10)
+        sink.wait_idle(10)
         time.sleep(0.2)
     sink.close(5)
 
@@ -173,7 +174,7 @@ def test_oap_down_beyond_the_buffer_counts_drops(oap: FakeOap, caplog) -> None:
     with caplog.at_level(logging.WARNING):
         for seq in range(1, 5):  # 4 flushes of 2 messages: 8 messages, 5 kept
             sink.publish(snapshot([sample(APP, SLEEP, seq, seq), sample(APP, PIPE, seq, seq)], [APP], sequence=seq))
-            assert delivery.wait_idle(10)
+            assert sink.wait_idle(10)
     assert delivery.pending() == 5
     assert sink.stats.get("dropped") == 3
     assert "buffer full (5 messages)" in caplog.text
@@ -181,7 +182,7 @@ def test_oap_down_beyond_the_buffer_counts_drops(oap: FakeOap, caplog) -> None:
     deadline = time.monotonic() + 20
     while not oap.data() and time.monotonic() < deadline:
         sink.publish(snapshot([], [APP], sequence=99))
-        delivery.wait_idle(10)
+        sink.wait_idle(10)
         time.sleep(0.2)
     sink.close(5)
     data = oap.data()
@@ -220,6 +221,31 @@ def test_publish_never_waits_for_a_hanging_oap() -> None:
         listener.close()
 
 
+def test_publish_returns_at_once_and_a_far_behind_encoder_drops_counted(oap: FakeOap, monkeypatch) -> None:
+    import exporter.sinks.skywalking as skywalking
+
+    real = skywalking.encode_snapshot
+    gate = threading.Event()
+
+    def slow_encode(snap, processes=None):  # type: ignore[no-untyped-def]
+        gate.wait(10)
+        return real(snap, processes)
+
+    monkeypatch.setattr(skywalking, "encode_snapshot", slow_encode)
+    monkeypatch.setattr(skywalking, "MAX_QUEUED_SNAPSHOTS", 2)
+    sink = stream_sink(oap.endpoint)
+    started = time.monotonic()
+    for seq in range(1, 6):  # 1 is being encoded, 2..5 queue; only the newest two are kept
+        sink.publish(snapshot([sample(APP, SLEEP, seq, seq), sample(APP, PIPE, seq, seq)], [APP], sequence=seq))
+        time.sleep(0.05)
+    assert time.monotonic() - started < 1.0
+    gate.set()
+    assert sink.wait_idle(10)
+    sink.close(5)
+    assert sink.stats.get("dropped") == 4  # flushes 2 and 3, two changed stacks each
+    assert sorted(m.offCPU.switchCount for m in oap.data()) == [1, 1, 4, 4, 5, 5]
+
+
 # --- agent mode --------------------------------------------------------------------------------
 
 
@@ -243,7 +269,6 @@ def agent_sink(oap: FakeOap, *extra: str) -> tuple[SkyWalkingSink, Agent]:
 
 def test_agent_reports_processes_and_follows_an_off_cpu_task(oap: FakeOap, caplog) -> None:
     sink, agent = agent_sink(oap, "--skywalking-report-cmdline")
-    (delivery,) = sink.deliveries
 
     def flush(seq: int) -> None:
         sink.publish(
@@ -253,7 +278,7 @@ def test_agent_reports_processes_and_follows_an_off_cpu_task(oap: FakeOap, caplo
                 sequence=seq,
             )
         )
-        assert delivery.wait_idle(10)
+        assert sink.wait_idle(10)
 
     flush(1)
     assert oap.wait_for(lambda r: len(agent.process_ids()) == 2 and len(r.pings) >= 1)
