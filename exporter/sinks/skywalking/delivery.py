@@ -80,6 +80,7 @@ class Delivery:
         self._close_deadline = 0.0
         self._idle = threading.Condition(self._lock)
         self._busy = False
+        self._in_flight = 0  # messages taken by the worker and not yet sent or put back
         self._warn_drop = RateLimitedLog(log)
         self._warn_fail = RateLimitedLog(log)
         self._thread = threading.Thread(target=self._run, name=f"skywalking-{transport.name}", daemon=True)
@@ -119,9 +120,11 @@ class Delivery:
         self._wake.set()
         self._thread.join(max(0.0, timeout) + 1.0)
         with self._lock:
-            left = self._pending_messages
+            # A send still running past the timeout is not known to have arrived: counted too.
+            left = self._pending_messages + (self._in_flight if self._thread.is_alive() else 0)
             self._pending.clear()
             self._pending_messages = 0
+            self._in_flight = 0
         if left:
             self._stats.add("dropped", left)
             log.warning("skywalking %s: %d messages not delivered at shutdown", self._transport.name, left)
@@ -153,6 +156,7 @@ class Delivery:
     def _take_all(self) -> list[Batch]:
         with self._lock:
             batches = list(self._pending)
+            self._in_flight = self._pending_messages
             self._pending.clear()
             self._pending_messages = 0
             self._busy = True
@@ -168,6 +172,7 @@ class Delivery:
 
     def _put_back(self, batches: list[Batch]) -> None:
         with self._lock:
+            self._in_flight = 0
             for batch in reversed(batches):
                 self._pending.appendleft(batch)
                 self._pending_messages += len(batch.messages)
@@ -204,6 +209,8 @@ class Delivery:
                     return False
                 continue
             self._stats.add("sent", len(batch.messages))
+            with self._lock:
+                self._in_flight -= len(batch.messages)
             return True
         return False
 
@@ -223,6 +230,7 @@ class Delivery:
                 self._put_back(failed)
             with self._lock:
                 self._busy = False
+                self._in_flight = 0
                 self._idle.notify_all()
             if closing or (self._closing.is_set() and time.monotonic() >= self._close_deadline):
                 return

@@ -68,7 +68,7 @@ def test_golden_messages() -> None:
         GOLDEN.write_text(
             json.dumps(
                 {
-                    "made_by": "UPDATE_GOLDEN=1 pytest " + str(Path(__file__).relative_to(Path.cwd())),
+                    "made_by": "UPDATE_GOLDEN=1 pytest tests/unit/sinks/skywalking/test_skywalking_encode.py",
                     "checked_by_hand": "kernel half first, each half leaf first, sums over threads",
                     "messages": actual,
                 },
