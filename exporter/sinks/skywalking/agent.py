@@ -303,9 +303,9 @@ class Agent:
                 return
             try:
                 step()
-            except Exception as exc:  # grpc.RpcError: the OAP is down or refused; try next cycle
+            except Exception as exc:  # grpc.RpcError: the OAP is down or refused; again next cycle
+                # The other steps still run: a refused report must not stop the task polling.
                 self._warn.warning("skywalking agent: %s failed: %s", step.__name__.lstrip("_"), describe_error(exc))
-                return
 
     def _run(self) -> None:
         next_poll = 0.0
