@@ -63,11 +63,12 @@ def differences(committed: Path = HERE) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         generate(out)
-        return [
-            name
-            for name in generated_names()
-            if not (committed / name).is_file() or (committed / name).read_bytes() != (out / name).read_bytes()
-        ]
+        stale = []
+        for name in generated_names():
+            path = committed / name
+            if not path.is_file() or path.read_bytes() != (out / name).read_bytes():
+                stale.append(name)
+        return stale
 
 
 def main(argv: list[str] | None = None) -> int:
