@@ -178,3 +178,40 @@ def test_skywalking_dump_prints_a_served_file(tmp_path: Path) -> None:
     ).stdout
     assert f"process {workload.pid} started" in out
     assert "    offcpu_sleep_ms" in out and "    do_nanosleep" in out
+
+
+def test_fake_oap_agent_mode_sends_only_the_task_window() -> None:
+    window_s, flush_s = 2.0, 0.5
+    oap = FakeOap().start()
+    try:
+        with Workload("sleep", iterations=160, interval_ms=INTERVAL_MS) as workload:  # 4 s of sleeps
+            process_id = oap_process_id("offcpu_workload", "e2e-host", f"workload-{workload.pid}")
+            argv = ["--pid", str(workload.pid), "--flush-interval", str(flush_s),
+                    "--skywalking-endpoint", oap.endpoint, "--skywalking-agent",
+                    "--skywalking-instance-name", "e2e-host", "--skywalking-process-name", "workload-{pid}",
+                    "--skywalking-task-poll-interval", "0.25"]  # fmt: skip
+            with ExporterProcess(argv) as exporter:
+                assert oap.wait_for(lambda r: bool(r.reports), 20)
+                workload.go()
+                # A task created while the process runs, starting a little later (as from the UI).
+                start_ms = time.time_ns() // 1_000_000 + 1000
+                oap.add_task(
+                    Task("window", [process_id], "OFF_CPU", start_ms=start_ms, duration_s=int(window_s), update_ms=7)
+                )
+                result = workload.wait()
+                time.sleep(1.0)
+                assert exporter.stop() == 0, exporter.log()
+        messages = oap.data()
+    finally:
+        oap.stop()
+    count, ns = sleep_totals(messages)
+    expected = window_s * 1e9 * result.blocked_ns / result.wall_ns  # blocked share of the window
+    print(
+        f"task window {window_s} s of a {result.wall_ns / 1e9:.2f} s run: sent {ns / 1e9:.3f} s"
+        f" in {count} switches, expected {expected / 1e9:.3f} s (within one {flush_s} s flush)"
+    )
+    assert abs(ns - expected) <= flush_s * 1e9 * 1.5  # edges: half a flush each, plus flush jitter
+    assert ns < 0.75 * result.blocked_ns  # far from everything the process did
+    for stream in oap.recorded.streams:
+        task = stream.messages[0].task
+        assert (task.taskId, task.processId, task.profilingStartTime) == ("window", process_id, start_ms)
