@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,3 +98,20 @@ def promtool_check(body: bytes) -> None:
         pytest.fail("promtool not found: scripts/setup --test installs Debian's prometheus package")
     r = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=60)
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), (r.stdout + r.stderr).decode()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--web.config.file", "/nonexistent/web.yml"], "cannot read web config file /nonexistent/web.yml"),
+        (["--web.listen-address", "127.0.0.1"], "expected host:port"),
+        (["--prometheus.top-stacks", "-1"], "must not be negative"),
+    ],
+)
+def test_bad_web_and_prometheus_options_exit_2_with_one_line(args: list[str], message: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "exporter", "serve", "--pid", "1", "--web.listen-address",
+                        "127.0.0.1:0", *args], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if message in line]
+    assert len(lines) == 1, r.stderr
