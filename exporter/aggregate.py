@@ -215,7 +215,7 @@ class Aggregator:
         info = self._process_of(tgid)
         symbol_pid = tgid
         child = self._children.get(tgid)
-        if child is not None and child[2] == info.comm and self.processes.info(child[0]) is not None:
+        if child is not None and child[2] == info.comm and self.processes.latest(child[0]) is not None:
             # Forked by a watched process and (same comm) not exec'd since: the parent's address
             # space, which stays readable when a short-lived child is already gone.
             symbol_pid = child[0]
