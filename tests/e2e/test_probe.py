@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from exporter.snapshot import ZERO, Reason
 from exporter.probe.loader import ProbeConfig
+from exporter.snapshot import ZERO, Reason
 from tests.support.inprocess import ATTACH, running_pipeline, total, with_function
 from tests.support.workloads import Workload
 
