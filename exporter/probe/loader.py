@@ -155,7 +155,7 @@ class Probe:
         if not symbols:
             log.warning("no finish_task_switch symbol found in /proc/kallsyms; trying finish_task_switch")
             symbols = ("finish_task_switch",)
-        hooked = []
+        hooked: list[str] = []
         assert self._bpf is not None
         for symbol in symbols:
             try:
