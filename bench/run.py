@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -29,8 +30,12 @@ from measure import ROOT, Result, Row, Stopwatch, shared, write_outputs
 HERE = Path(__file__).resolve().parent
 
 
-def symbols(quick: bool) -> Result | None:
-    script = HERE / "symbols_bench.py"
+def _env(tree: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def symbols(quick: bool, tree: Path = ROOT) -> Result | None:
+    script = tree / "bench" / "symbols_bench.py"
     if not script.exists():
         return None
     clock = Stopwatch()
@@ -38,7 +43,7 @@ def symbols(quick: bool) -> Result | None:
         args = [sys.executable, str(script), "--out", out.name]
         if quick:
             args += ["--functions", "20000", "--lookups", "2000"]
-        subprocess.run(args, cwd=ROOT, check=True, timeout=600, stdout=sys.stderr)
+        subprocess.run(args, cwd=tree, env=_env(tree), check=True, timeout=600, stdout=sys.stderr)
         data = json.loads(Path(out.name).read_text())
     busy = shared(clock.done(), ours=1.0)
     result = Result("symbols", details=data)
@@ -62,13 +67,13 @@ _SCRAPE = re.compile(r"^\s*(?P<label>cache on|cache off): (?P<requests>\d+) requ
                      r"max (?P<max>[\d.]+) ms.*?\((?P<series>\d+) stack series", re.M)
 
 
-def scrape_load(quick: bool) -> Result | None:
-    script = HERE / "scrape_load.py"
+def scrape_load(quick: bool, tree: Path = ROOT) -> Result | None:
+    script = tree / "bench" / "scrape_load.py"
     if not script.exists():
         return None
     clock = Stopwatch()
     args = [sys.executable, str(script), "--duration", "10" if quick else "20"]
-    proc = subprocess.run(args, cwd=ROOT, timeout=600, capture_output=True, text=True)
+    proc = subprocess.run(args, cwd=tree, env=_env(tree), timeout=600, capture_output=True, text=True)
     sys.stderr.write(proc.stdout)
     busy = shared(clock.done(), ours=2.0)
     result = Result("scrape_load", details={"output": proc.stdout, "returncode": proc.returncode})
@@ -87,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", default=str(HERE / "RESULTS.md"))
     parser.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (about 3 minutes)")
     parser.add_argument("--only", help="comma-separated: sched,flush,steady,symbols,scrape")
+    parser.add_argument("--peers-tree", type=Path, default=ROOT, metavar="DIR",
+                        help="take symbols_bench.py and scrape_load.py (and the code they test) from this "
+                             "checkout, e.g. a `git worktree` of a branch where they have not reached main yet")
     options = parser.parse_args(argv)
     only = set(options.only.split(",")) if options.only else {"sched", "flush", "steady", "symbols", "scrape"}
     q = options.quick
@@ -99,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         ("flush", lambda: flush_cost.measure([100, 1000, 10000], flushes=3 if q else 5, interval=2.0, profile=False,
                                              rate=10_000)),
         ("steady", lambda: steady_state.measure(duration=20 if q else 60, warmup=12, rate=50_000, stacks=1000)),
-        ("symbols", lambda: symbols(q)),
-        ("scrape", lambda: scrape_load(q)),
+        ("symbols", lambda: symbols(q, options.peers_tree)),
+        ("scrape", lambda: scrape_load(q, options.peers_tree)),
     ]
     for name, step in steps:
         if name not in only:
