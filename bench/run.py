@@ -34,10 +34,19 @@ def _env(tree: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def symbols(quick: bool, tree: Path = ROOT) -> Result | None:
-    script = tree / "bench" / "symbols_bench.py"
-    if not script.exists():
+def _find(name: str, peers: Path) -> tuple[Path, Path] | None:
+    """(script, the checkout it belongs to): this one first, then the peers tree."""
+    for tree in (ROOT, peers):
+        if (tree / "bench" / name).exists():
+            return tree / "bench" / name, tree
+    return None
+
+
+def symbols(quick: bool, peers: Path = ROOT) -> Result | None:
+    found = _find("symbols_bench.py", peers)
+    if found is None:
         return None
+    script, tree = found
     clock = Stopwatch()
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         args = [sys.executable, str(script), "--out", out.name]
@@ -67,10 +76,11 @@ _SCRAPE = re.compile(r"^\s*(?P<label>cache on|cache off): (?P<requests>\d+) requ
                      r"max (?P<max>[\d.]+) ms.*?\((?P<series>\d+) stack series", re.M)
 
 
-def scrape_load(quick: bool, tree: Path = ROOT) -> Result | None:
-    script = tree / "bench" / "scrape_load.py"
-    if not script.exists():
+def scrape_load(quick: bool, peers: Path = ROOT) -> Result | None:
+    found = _find("scrape_load.py", peers)
+    if found is None:
         return None
+    script, tree = found
     clock = Stopwatch()
     args = [sys.executable, str(script), "--duration", "10" if quick else "20"]
     proc = subprocess.run(args, cwd=tree, env=_env(tree), timeout=600, capture_output=True, text=True)
@@ -93,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (about 3 minutes)")
     parser.add_argument("--only", help="comma-separated: sched,flush,steady,symbols,scrape")
     parser.add_argument("--peers-tree", type=Path, default=ROOT, metavar="DIR",
-                        help="take symbols_bench.py and scrape_load.py (and the code they test) from this "
-                             "checkout, e.g. a `git worktree` of a branch where they have not reached main yet")
+                        help="where symbols_bench.py or scrape_load.py are not in this checkout, take them (and "
+                             "the code they test) from this one, e.g. a `git worktree` of their branch")
     options = parser.parse_args(argv)
     only = set(options.only.split(",")) if options.only else {"sched", "flush", "steady", "symbols", "scrape"}
     q = options.quick
