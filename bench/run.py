@@ -2,7 +2,8 @@
 
     PYTHONPATH=. .venv/bin/python bench/run.py --out bench/results.json --table bench/RESULTS.md [--quick]
 
-In order: scheduler overhead, flush cost, steady state, then the symbolizer benchmark
+In order: scheduler overhead, where the probe's time goes (stack_cost), flush cost, steady state,
+then the symbolizer benchmark
 (bench/symbols_bench.py) and the /metrics load benchmark (bench/scrape_load.py) when they are
 present. Each is bounded in time; the whole run takes about 8 minutes on the 2-core test machine
 (--quick: about 3). Needs root (BPF), gcc, bpftrace and perf (scripts/setup --test installs them).
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flush_cost
 import sched_overhead
+import stack_cost
 import steady_state
 from measure import ROOT, Result, Row, Stopwatch, shared, write_outputs
 
@@ -101,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(HERE / "results.json"))
     parser.add_argument("--table", default=str(HERE / "RESULTS.md"))
     parser.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (about 3 minutes)")
-    parser.add_argument("--only", help="comma-separated: sched,flush,steady,symbols,scrape")
+    parser.add_argument("--only", help="comma-separated: sched,stacks,flush,steady,symbols,scrape")
     parser.add_argument("--peers-tree", type=Path, default=ROOT, metavar="DIR",
                         help="where symbols_bench.py or scrape_load.py are not in this checkout, take them (and "
                              "the code they test) from this one, e.g. a `git worktree` of their branch")
     options = parser.parse_args(argv)
-    only = set(options.only.split(",")) if options.only else {"sched", "flush", "steady", "symbols", "scrape"}
+    only = set(options.only.split(",")) if options.only else {"sched", "stacks", "flush", "steady", "symbols", "scrape"}
     q = options.quick
     results: list[Result] = []
     started = time.monotonic()
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         ("sched", lambda: sched_overhead.measure(rounds=3 if q else 5, round_trips=100_000 if q else 150_000,
                                                  depth=16, cpu=sched_overhead.default_cpu(),
                                                  program_runs=1 if q else 2)),
+        ("stacks", lambda: stack_cost.measure(runs=1 if q else 2, round_trips=50_000)),
         ("flush", lambda: flush_cost.measure([100, 1000, 10000], flushes=3 if q else 5, interval=2.0, profile=False,
                                              rate=10_000)),
         ("steady", lambda: steady_state.measure(duration=20 if q else 60, warmup=12, rate=50_000, stacks=1000)),
