@@ -1,0 +1,177 @@
+"""The input of every profile encoder: off-CPU time per stack over one interval.
+
+Snapshots carry cumulative totals since the exporter started plus the increase since the
+previous snapshot. A `Profile` is what happened between two points in time, computed either as
+the difference of cumulative totals of two snapshots (`Profile.between`) or, for a run of
+consecutive snapshots, as the sum of their increases (`Profile.over`), which also keeps the time
+of rows that vanished from the newer snapshot (an exited process, a stack folded away).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from exporter.snapshot import Counter, ProcessInfo, ProcessKey, Reason, Snapshot, Stack, StackSample
+
+__all__ = ["Profile", "ProfileFilter", "ProfileSample"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSample:
+    """Off-CPU time of one (process, thread, reason, stack) over the profile's interval."""
+
+    process: ProcessInfo
+    tid: int  # 0 when the exporter aggregates per process
+    thread_name: str
+    reason: Reason
+    stack: Stack
+    value: Counter
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileFilter:
+    """Which processes a profile keeps: any of `pids` (empty: all) and `comm` searched as a regex."""
+
+    pids: frozenset[int] = frozenset()
+    comm: re.Pattern[str] | None = None
+
+    def keeps(self, process: ProcessInfo) -> bool:
+        if self.pids and process.pid not in self.pids:
+            return False
+        return self.comm is None or self.comm.search(process.comm) is not None
+
+
+_KEEP_ALL = ProfileFilter()
+
+_RowKey = tuple[ProcessKey, int, Reason, Stack]
+
+
+def _row_key(sample: StackSample) -> _RowKey:
+    return (sample.process, sample.tid, sample.reason, sample.stack)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    start_ns: int  # wall clock, start of the interval
+    end_ns: int  # wall clock, end of the interval
+    samples: tuple[ProfileSample, ...]
+    processes: Mapping[ProcessKey, ProcessInfo] = field(default_factory=lambda: MappingProxyType({}))
+    # What the interval is, for titles: "last 5 minutes", "30 s profile", ...
+    description: str = ""
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+    @property
+    def total(self) -> Counter:
+        result = Counter()
+        for s in self.samples:
+            result += s.value
+        return result
+
+    def totals_by_process(self) -> dict[ProcessKey, Counter]:
+        result: dict[ProcessKey, Counter] = {}
+        for s in self.samples:
+            key = s.process.key
+            result[key] = result.get(key, Counter()) + s.value
+        return result
+
+    @staticmethod
+    def between(
+        before: Snapshot, after: Snapshot, keep: ProfileFilter = _KEEP_ALL, description: str = ""
+    ) -> Profile:
+        """The difference of cumulative totals from `before` to `after`.
+
+        A row that `after` has and `before` lacks counts whole (it started inside the interval).
+        A row whose total went down was reset (a new exporter or a recreated row): like a
+        Prometheus counter reset, its whole new total counts."""
+        previous = {_row_key(s): s.total for s in before.samples}
+        rows: list[tuple[StackSample, Counter]] = []
+        for s in after.samples:
+            old = previous.get(_row_key(s))
+            value = s.total
+            if old is not None and s.total.count >= old.count and s.total.ns >= old.ns:
+                value = s.total - old
+            rows.append((s, value))
+        return _build(before.time_ns, after.time_ns, rows, (after, before), keep, description)
+
+    @staticmethod
+    def over(
+        snapshots: Sequence[Snapshot], keep: ProfileFilter = _KEEP_ALL, description: str = ""
+    ) -> Profile:
+        """What happened from the first snapshot to the last (the first one's own increase is
+        before the interval). Consecutive snapshots (no sequence gap) are summed increase by
+        increase; with a gap the totals of the first and the last are differenced instead."""
+        if not snapshots:
+            raise ValueError("no snapshots")
+        ordered = sorted(snapshots, key=lambda s: s.sequence)
+        first, last = ordered[0], ordered[-1]
+        if len(ordered) == 1:
+            return Profile.since_previous(first, keep, description)
+        if any(b.sequence != a.sequence + 1 for a, b in itertools.pairwise(ordered)):
+            return Profile.between(first, last, keep, description)
+        sums: dict[_RowKey, tuple[StackSample, Counter]] = {}
+        for snapshot in ordered[1:]:
+            for s in snapshot.samples:
+                if not s.increase:
+                    continue
+                key = _row_key(s)
+                seen = sums.get(key)
+                sums[key] = (s, s.increase if seen is None else seen[1] + s.increase)
+        return _build(first.time_ns, last.time_ns, list(sums.values()), reversed(ordered), keep, description)
+
+    @staticmethod
+    def since_previous(snapshot: Snapshot, keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
+        """One snapshot's own increase (the interval from the flush before it)."""
+        rows = [(s, s.increase) for s in snapshot.samples if s.increase]
+        return _build(snapshot.interval_start_ns, snapshot.time_ns, rows, (snapshot,), keep, description)
+
+    @staticmethod
+    def since_start(snapshot: Snapshot, keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
+        """Everything the exporter counted up to `snapshot`."""
+        rows = [(s, s.total) for s in snapshot.samples if s.total]
+        return _build(snapshot.start_time_ns, snapshot.time_ns, rows, (snapshot,), keep, description)
+
+
+def _build(
+    start_ns: int,
+    end_ns: int,
+    rows: Iterable[tuple[StackSample, Counter]],
+    sources: Iterable[Snapshot],
+    keep: ProfileFilter,
+    description: str,
+) -> Profile:
+    """Attaches process information (from the newest snapshot that knows the process) and
+    drops empty and filtered rows."""
+    source_list = list(sources)
+    infos: dict[ProcessKey, ProcessInfo] = {}
+
+    def info_of(key: ProcessKey) -> ProcessInfo:
+        found = infos.get(key)
+        if found is None:
+            for snapshot in source_list:
+                view = snapshot.processes.get(key)
+                if view is not None:
+                    found = view.info
+                    break
+            else:
+                found = ProcessInfo(key=key, comm=f"[pid {key.pid}]")
+            infos[key] = found
+        return found
+
+    samples = []
+    for s, value in rows:
+        if not value or value.ns < 0 or value.count < 0:
+            continue
+        info = info_of(s.process)
+        if not keep.keeps(info):
+            continue
+        samples.append(ProfileSample(info, s.tid, s.thread_name, s.reason, s.stack, value))
+    samples.sort(key=lambda p: (p.process.pid, p.tid, -p.value.ns, p.stack.stack_id, p.reason))
+    processes = {p.process.key: p.process for p in samples}
+    return Profile(start_ns, end_ns, tuple(samples), MappingProxyType(processes), description)
