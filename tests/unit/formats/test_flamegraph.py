@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import chromium
-from conftest import OTHER, snapshot
+from synthetic import OTHER, snapshot
 
 from exporter.formats import Profile, render
 from exporter.formats import flamegraph as flamegraph_format

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import BUILD_ID, EXE, SLEEP, T0
+from synthetic import BUILD_ID, EXE, SLEEP, T0
 
 from exporter.formats import Profile, render
 from exporter.formats import pprof as pprof_format

@@ -4,7 +4,7 @@ import re
 from dataclasses import replace
 
 import pytest
-from conftest import LOCK, OTHER, SLEEP, WORKLOAD, snapshot
+from synthetic import LOCK, OTHER, SLEEP, WORKLOAD, snapshot
 
 from exporter.formats import Profile, ProfileFilter
 from exporter.snapshot import Counter, Reason, Snapshot

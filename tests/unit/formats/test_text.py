@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from conftest import PIPE, SLEEP
+from synthetic import PIPE, SLEEP
 
 from exporter.formats import Profile, render
 from exporter.formats import text as text_format
