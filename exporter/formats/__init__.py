@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from exporter.formats import flamegraph, folded, pprof, text
-from exporter.formats.profile import Profile, ProfileFilter, ProfileSample
+from exporter.formats.profile import Accumulator, Profile, ProfileFilter, ProfileSample
 
-__all__ = ["FORMATS", "Profile", "ProfileFilter", "ProfileSample", "render"]
+__all__ = ["FORMATS", "Accumulator", "Profile", "ProfileFilter", "ProfileSample", "render"]
 
 _ENCODERS: dict[str, Callable[[Profile], bytes]] = {
     "pprof": pprof.encode,

@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from exporter.snapshot import Counter, ProcessInfo, ProcessKey, Reason, Snapshot, Stack, StackSample
 
-__all__ = ["Profile", "ProfileFilter", "ProfileSample"]
+__all__ = ["Accumulator", "Profile", "ProfileFilter", "ProfileSample"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +98,7 @@ class Profile:
             if old is not None and s.total.count >= old.count and s.total.ns >= old.ns:
                 value = s.total - old
             rows.append((s, value))
-        return _build(before.time_ns, after.time_ns, rows, (after, before), keep, description)
+        return _build(before.time_ns, after.time_ns, rows, _known((after, before)), keep, description)
 
     @staticmethod
     def over(
@@ -115,60 +115,95 @@ class Profile:
             return Profile.since_previous(first, keep, description)
         if any(b.sequence != a.sequence + 1 for a, b in itertools.pairwise(ordered)):
             return Profile.between(first, last, keep, description)
-        sums: dict[_RowKey, tuple[StackSample, Counter]] = {}
+        summed = Accumulator(keep)
         for snapshot in ordered[1:]:
-            for s in snapshot.samples:
-                if not s.increase:
-                    continue
-                key = _row_key(s)
-                seen = sums.get(key)
-                sums[key] = (s, s.increase if seen is None else seen[1] + s.increase)
-        return _build(first.time_ns, last.time_ns, list(sums.values()), reversed(ordered), keep, description)
+            summed.add(snapshot)
+        return summed.profile(description, start_ns=first.time_ns)
 
     @staticmethod
     def since_previous(snapshot: Snapshot, keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
         """One snapshot's own increase (the interval from the flush before it)."""
         rows = [(s, s.increase) for s in snapshot.samples if s.increase]
-        return _build(snapshot.interval_start_ns, snapshot.time_ns, rows, (snapshot,), keep, description)
+        return _build(snapshot.interval_start_ns, snapshot.time_ns, rows, _known((snapshot,)), keep, description)
 
     @staticmethod
     def since_start(snapshot: Snapshot, keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
         """Everything the exporter counted up to `snapshot`."""
         rows = [(s, s.total) for s in snapshot.samples if s.total]
-        return _build(snapshot.start_time_ns, snapshot.time_ns, rows, (snapshot,), keep, description)
+        return _build(snapshot.start_time_ns, snapshot.time_ns, rows, _known((snapshot,)), keep, description)
+
+
+class Accumulator:
+    """Sums the increases of every snapshot it is given, in order: the profile of a whole run
+    (`record`), independent of how long the exporter keeps history or exited processes."""
+
+    def __init__(self, keep: ProfileFilter = _KEEP_ALL) -> None:
+        self._keep = keep
+        self._rows: dict[_RowKey, tuple[StackSample, Counter]] = {}
+        self._infos: dict[ProcessKey, ProcessInfo] = {}
+        self._start_ns: int | None = None
+        self._end_ns = 0
+        self._sequence = -1
+
+    def add(self, snapshot: Snapshot) -> None:
+        if snapshot.sequence <= self._sequence:
+            return  # already counted (the same snapshot handed twice)
+        self._sequence = snapshot.sequence
+        if self._start_ns is None:
+            self._start_ns = snapshot.interval_start_ns
+        self._end_ns = snapshot.time_ns
+        for key, view in snapshot.processes.items():
+            self._infos[key] = view.info
+        for s in snapshot.samples:
+            if s.increase:
+                key = _row_key(s)
+                seen = self._rows.get(key)
+                self._rows[key] = (s, s.increase if seen is None else seen[1] + s.increase)
+
+    @property
+    def stacks(self) -> int:
+        return len({key[3] for key in self._rows})
+
+    @property
+    def processes(self) -> int:
+        return len({key[0] for key in self._rows})
+
+    @property
+    def total(self) -> Counter:
+        result = Counter()
+        for _, value in self._rows.values():
+            result += value
+        return result
+
+    def profile(self, description: str = "", start_ns: int | None = None) -> Profile:
+        """What was added so far; from `start_ns` (default: the first snapshot's interval start)."""
+        start = start_ns if start_ns is not None else self._start_ns if self._start_ns is not None else self._end_ns
+        return _build(start, self._end_ns, list(self._rows.values()), self._infos, self._keep, description)
+
+
+def _known(sources: Iterable[Snapshot]) -> dict[ProcessKey, ProcessInfo]:
+    """Process information from the newest snapshot that has each process (newest first)."""
+    infos: dict[ProcessKey, ProcessInfo] = {}
+    for snapshot in sources:
+        for key, view in snapshot.processes.items():
+            infos.setdefault(key, view.info)
+    return infos
 
 
 def _build(
     start_ns: int,
     end_ns: int,
     rows: Iterable[tuple[StackSample, Counter]],
-    sources: Iterable[Snapshot],
+    known: Mapping[ProcessKey, ProcessInfo],
     keep: ProfileFilter,
     description: str,
 ) -> Profile:
-    """Attaches process information (from the newest snapshot that knows the process) and
-    drops empty and filtered rows."""
-    source_list = list(sources)
-    infos: dict[ProcessKey, ProcessInfo] = {}
-
-    def info_of(key: ProcessKey) -> ProcessInfo:
-        found = infos.get(key)
-        if found is None:
-            for snapshot in source_list:
-                view = snapshot.processes.get(key)
-                if view is not None:
-                    found = view.info
-                    break
-            else:
-                found = ProcessInfo(key=key, comm=f"[pid {key.pid}]")
-            infos[key] = found
-        return found
-
+    """Attaches process information and drops empty and filtered rows."""
     samples = []
     for s, value in rows:
         if not value or value.ns < 0 or value.count < 0:
             continue
-        info = info_of(s.process)
+        info = known.get(s.process) or ProcessInfo(key=s.process, comm=f"[pid {s.process.pid}]")
         if not keep.keeps(info):
             continue
         samples.append(ProfileSample(info, s.tid, s.thread_name, s.reason, s.stack, value))

@@ -18,6 +18,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from exporter import formats
 from exporter.formats import Profile, ProfileFilter
@@ -264,12 +265,17 @@ class PprofSink:
         filters = _describe(keep)
         history = self._context.history(minutes * 60.0)
         # Without a history (none kept yet) the newest snapshot's totals since start are shown.
-        description = f"last {minutes:g} minutes" if history else "since the exporter started"
-        detail = description + (f", {filters}" if filters else "")
         if history:
-            profile = Profile.over(history, keep, detail)
+            profile = Profile.over(history, keep)
+            covered = profile.duration_ns / 60e9
+            description = f"last {minutes:g} minutes"
+            if covered < minutes * 0.9:
+                # The exporter has not run that long, or keeps less history (--history).
+                description = f"last {covered:.1f} minutes, all the history kept"
         else:
-            profile = Profile.since_start(self._context.latest(), keep, detail)
+            profile = Profile.since_start(self._context.latest(), keep)
+            description = "since the exporter started"
+        profile = replace(profile, description=description + (f", {filters}" if filters else ""))
         self.stats.add("sent")
         if fmt == "html":
             title = f"Off-CPU flame graph: {description}"
