@@ -291,7 +291,9 @@ def cmd_record(options: argparse.Namespace) -> int:
     from exporter.record import Progress, RecordSink, write_profile
 
     stop = _stop_on_signals()
-    options.flush_interval = max(1.0, min(5.0, options.duration))
+    # Every second: the progress line shows fresh counts, and stacks are symbolized while their
+    # processes live (a process that exits before its first flush leaves only addresses).
+    options.flush_interval = min(1.0, options.duration)
     probe, pipeline = build_pipeline(options)
     try:
         probe.start()

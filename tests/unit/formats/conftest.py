@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import pytest
-from synthetic import make_after, make_before
 
 from exporter.snapshot import Snapshot
+from tests.unit.formats.synthetic import make_after, make_before
 
 
 @pytest.fixture

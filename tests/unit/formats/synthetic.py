@@ -26,9 +26,7 @@ T0 = 1_700_000_000_000_000_000
 
 
 def kernel(*names: str) -> tuple[Frame, ...]:
-    return tuple(
-        Frame(n, FrameKind.KERNEL, "[kernel]", 0xFFFFFFFF81000000 + 0x100 * i) for i, n in enumerate(names)
-    )
+    return tuple(Frame(n, FrameKind.KERNEL, "[kernel]", 0xFFFFFFFF81000000 + 0x100 * i) for i, n in enumerate(names))
 
 
 def user(*names: str, module: str = EXE) -> tuple[Frame, ...]:
@@ -50,28 +48,20 @@ SLEEP = Stack(
 )
 PIPE = Stack(
     user=user("offcpu_pipe_read", "reader_thread"),
-    kernel=kernel(
-        "finish_task_switch.isra.0", "__schedule", "schedule", "pipe_read", "vfs_read", "ksys_read"
-    ),
+    kernel=kernel("finish_task_switch.isra.0", "__schedule", "schedule", "pipe_read", "vfs_read", "ksys_read"),
 )
 LOCK = Stack(
     user=user("offcpu_lock_wait", "worker;with;semicolons"),
     kernel=kernel("finish_task_switch.isra.0", "__schedule", "schedule", "futex_wait"),
 )
-LOST = Stack(
-    user=(Frame("[lost user stack]", FrameKind.PLACEHOLDER),), kernel=kernel("__schedule", "schedule")
-)
+LOST = Stack(user=(Frame("[lost user stack]", FrameKind.PLACEHOLDER),), kernel=kernel("__schedule", "schedule"))
 
 WORKLOAD = ProcessInfo(ProcessKey(4242, 1000), "offcpu_workload", exe=EXE)
 OTHER = ProcessInfo(ProcessKey(777, 2000), "other<script>", exe="/usr/bin/other")
 
 
-def snapshot(
-    sequence: int, rows: list[tuple[ProcessInfo, int, str, Reason, Stack, Counter, Counter]]
-) -> Snapshot:
-    samples = tuple(
-        StackSample(p.key, tid, name, r, st, total, inc) for p, tid, name, r, st, total, inc in rows
-    )
+def snapshot(sequence: int, rows: list[tuple[ProcessInfo, int, str, Reason, Stack, Counter, Counter]]) -> Snapshot:
+    samples = tuple(StackSample(p.key, tid, name, r, st, total, inc) for p, tid, name, r, st, total, inc in rows)
     processes = {}
     for p in {row[0] for row in rows}:
         total = Counter()
@@ -80,9 +70,7 @@ def snapshot(
                 total += s.total
         processes[p.key] = ProcessView(p, total, MappingProxyType({}))
     time_ns = T0 + sequence * 5_000_000_000
-    return Snapshot(
-        sequence, time_ns, time_ns - 5_000_000_000, T0, MappingProxyType(processes), samples, Health()
-    )
+    return Snapshot(sequence, time_ns, time_ns - 5_000_000_000, T0, MappingProxyType(processes), samples, Health())
 
 
 def make_before() -> Snapshot:

@@ -6,12 +6,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-import chromium
-from synthetic import OTHER, snapshot
-
 from exporter.formats import Profile, render
 from exporter.formats import flamegraph as flamegraph_format
 from exporter.snapshot import Counter, Frame, FrameKind, Reason, Snapshot, Stack
+from tests.support import chromium
+from tests.unit.formats.synthetic import OTHER, snapshot
 
 ARTIFACTS = Path(__file__).resolve().parents[3] / "artifacts"
 

@@ -46,8 +46,7 @@ def test_rows_folding_to_one_line_are_merged(after: Snapshot) -> None:
     twin = replace(sleep, tid=9999, thread_name="twin", increase=sleep.increase)
     snap = replace(after, samples=(*after.samples, twin))
     lines = dict(
-        (";".join(f), v)
-        for f, v in folded_format.parse(render("folded", Profile.since_previous(snap)).decode())
+        (";".join(f), v) for f, v in folded_format.parse(render("folded", Profile.since_previous(snap)).decode())
     )
     key = next(k for k in lines if k.startswith("offcpu_workload;") and "offcpu_sleep_ms" in k)
     assert lines[key] == 3_000_000

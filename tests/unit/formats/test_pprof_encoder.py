@@ -1,19 +1,16 @@
 from __future__ import annotations
 
 import gzip
-import os
-import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from synthetic import BUILD_ID, EXE, SLEEP, T0
 
 from exporter.formats import Profile, render
 from exporter.formats import pprof as pprof_format
 from exporter.formats.proto import profile_pb2 as pb
 from exporter.snapshot import Snapshot
+from tests.support.gopprof import go_pprof, top_cum
+from tests.unit.formats.synthetic import BUILD_ID, EXE, SLEEP, T0
 
 
 def decode(data: bytes) -> pb.Profile:
@@ -104,28 +101,6 @@ def test_per_process_aggregation_has_no_thread_labels(after: Snapshot) -> None:
     snap = replace(after, samples=tuple(replace(s, tid=0, thread_name="") for s in after.samples))
     rows = sample_rows(decode(render("pprof", Profile.since_previous(snap))))
     assert rows and all(set(r[2]) == {"pid", "comm", "reason"} for r in rows)
-
-
-def go_pprof(tmp_path: Path, *args: str) -> str:
-    go = shutil.which("go")
-    if go is None:
-        pytest.skip("go (Debian golang-go, installed by scripts/setup --test) is not on PATH")
-    env = dict(os.environ, HOME=str(tmp_path), GOCACHE=str(tmp_path / "gocache"), GOFLAGS="")
-    done = subprocess.run(
-        [go, "tool", "pprof", *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def top_cum(output: str) -> dict[str, float]:
-    """Function -> cum value from `go tool pprof -top -unit=ms` (or a count)."""
-    result = {}
-    for line in output.splitlines():
-        m = re.match(r"\s*([\d.]+)(?:ms)?\s+[\d.]+%\s+[\d.]+%\s+([\d.]+)(?:ms)?\s+[\d.]+%\s+(.+)$", line)
-        if m:
-            result[m.group(3).strip()] = float(m.group(2))
-    return result
 
 
 def test_go_tool_pprof_reads_it(tmp_path: Path, before: Snapshot, after: Snapshot) -> None:

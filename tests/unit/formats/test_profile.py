@@ -4,10 +4,10 @@ import re
 from dataclasses import replace
 
 import pytest
-from synthetic import LOCK, OTHER, SLEEP, WORKLOAD, snapshot
 
 from exporter.formats import Profile, ProfileFilter
 from exporter.snapshot import Counter, Reason, Snapshot
+from tests.unit.formats.synthetic import LOCK, OTHER, SLEEP, WORKLOAD, snapshot
 
 
 def values(profile: Profile) -> dict[tuple[int, int], Counter]:

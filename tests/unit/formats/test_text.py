@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from synthetic import PIPE, SLEEP
-
 from exporter.formats import Profile, render
 from exporter.formats import text as text_format
 from exporter.snapshot import Snapshot
+from tests.unit.formats.synthetic import PIPE, SLEEP
 
 
 def test_bcc_layout(before: Snapshot, after: Snapshot) -> None:
@@ -17,8 +16,7 @@ def test_bcc_layout(before: Snapshot, after: Snapshot) -> None:
     assert who.split()[:3] == ["-", "offcpu_workload", "(4242)"]
     assert "[sleeping, 15 switches]" in who
     frames = [
-        line.strip()
-        for line in lines[block_end - 2 - len(SLEEP.kernel) - 1 - len(SLEEP.user) + 1 : block_end - 1]
+        line.strip() for line in lines[block_end - 2 - len(SLEEP.kernel) - 1 - len(SLEEP.user) + 1 : block_end - 1]
     ]
     assert frames == [f.name for f in SLEEP.kernel] + ["--"] + [f.name for f in SLEEP.user]
     assert "    offcpu_workload (4242): 1751235 us, 22 switches" in lines

@@ -47,9 +47,7 @@ class Source:
 
 def make_sink(source: Source, **kwargs: float) -> tuple[pprof_sink.PprofSink, Routes]:
     routes = Routes()
-    context = SinkContext(
-        latest=source.latest, flush_now=source.flush_now, routes=routes, history=source.history
-    )
+    context = SinkContext(latest=source.latest, flush_now=source.flush_now, routes=routes, history=source.history)
     sink = pprof_sink.PprofSink(context, **kwargs)  # type: ignore[arg-type]
     sink.register(routes)
     return sink, routes

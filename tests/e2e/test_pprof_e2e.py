@@ -1,0 +1,166 @@
+"""End to end, on the real kernel: the pprof handler over a real pipeline watching a workload
+with known blocking, read back by `go tool pprof`; `record --format html` rendered in Chromium.
+
+The web server is not part of this branch's base yet, so the profile handler is called
+directly on a pipeline built exactly as `serve` builds it (cli.build_pipeline)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qs
+
+import pytest
+
+from exporter import cli
+from exporter.sinks import SinkContext
+from exporter.sinks import pprof as pprof_sink
+from exporter.snapshot import Snapshot
+from exporter.web import Request, Response, Routes
+from tests.support import chromium
+from tests.support.gopprof import go_pprof, top_cum
+from tests.support.workloads import Workload, build
+
+pytestmark = pytest.mark.kernel
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts"
+
+
+@pytest.fixture(autouse=True)
+def _root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to load the BPF probe")
+
+
+class Served:
+    """A pipeline as `serve` wires it, with the pprof sink's routes, stopped at the end."""
+
+    def __init__(self, argv: list[str]) -> None:
+        options = cli.parse_args(["serve", *argv])
+        self.probe, self.pipeline = cli.build_pipeline(options)
+        self.probe.start()
+        self.flushes: list[Snapshot] = []
+        self.first_flush = threading.Event()
+        self.routes = Routes()
+
+        def flush_now(timeout: float) -> Snapshot:
+            snapshot = self.pipeline.flush_now(timeout)
+            self.flushes.append(snapshot)
+            self.first_flush.set()
+            return snapshot
+
+        context = SinkContext(
+            latest=self.pipeline.latest, flush_now=flush_now, routes=self.routes, history=self.pipeline.history
+        )
+        self.sink = pprof_sink.create(options, context)
+        assert self.sink is not None
+        self.pipeline.sinks = [self.sink]
+        self.pipeline.start()
+
+    def get(self, url: str) -> Response:
+        path, _, query = url.partition("?")
+        handler = self.routes.get(path)
+        assert handler is not None
+        return handler(Request("GET", path, parse_qs(query), {}))
+
+    def close(self) -> None:
+        self.pipeline.stop()
+        self.probe.close()
+
+
+@pytest.fixture
+def workload() -> Iterator[Workload]:
+    build()
+    with Workload("sleep", threads=2, iterations=60, interval_ms=20) as w:
+        yield w
+
+
+def test_profile_endpoint_matches_known_blocking(workload: Workload, tmp_path: Path) -> None:
+    # Short flushes, so that the workload's stacks are symbolized while it is alive.
+    served = Served(["--pid", str(workload.pid), "--flush-interval", "0.5"])
+    try:
+        responses: list[Response] = []
+        request = threading.Thread(
+            target=lambda: responses.append(served.get(f"/debug/pprof/profile?seconds=3&pid={workload.pid}"))
+        )
+        request.start()
+        assert served.first_flush.wait(10), "the handler never flushed"
+        workload.go()  # all of the workload's blocking happens inside the profile's 3 s
+        result = workload.wait(30)
+        request.join(20)
+        assert not request.is_alive()
+    finally:
+        served.close()
+    response = responses[0]
+    assert response.status == 200, response.body
+    path = tmp_path / "profile.pb.gz"
+    path.write_bytes(response.body)
+    (ARTIFACTS / "e2e-profile.pb.gz").parent.mkdir(exist_ok=True)
+    (ARTIFACTS / "e2e-profile.pb.gz").write_bytes(response.body)
+
+    out = go_pprof(tmp_path, "-top", "-unit=ms", "-nodefraction=0", str(path))
+    cum = top_cum(out)
+    known_ms = sum(t.blocked_ns for t in result.threads if t.function == "offcpu_sleep_ms") / 1e6
+    assert known_ms > 2 * 60 * 20 * 0.9  # 2 threads x 60 sleeps of 20 ms
+    assert "offcpu_sleep_ms" in cum, out
+    (ARTIFACTS / "e2e-profile.txt").write_text(
+        f"known blocked {known_ms:.1f} ms in {result.calls} calls; pprof offcpu_sleep_ms {cum['offcpu_sleep_ms']} ms\n{out}"
+    )
+    assert cum["offcpu_sleep_ms"] == pytest.approx(known_ms, rel=0.10), out
+    sw = top_cum(go_pprof(tmp_path, "-top", "-sample_index=switches", "-nodefraction=0", str(path)))
+    assert sw["offcpu_sleep_ms"] == pytest.approx(result.calls, rel=0.10)
+    # The interval is the one between the handler's two flushes.
+    assert "Duration: 3" in out
+
+
+def test_record_html_shows_the_function(tmp_path: Path) -> None:
+    build()
+    page = ARTIFACTS / "e2e-record.html"
+    page.parent.mkdir(exist_ok=True)
+    # The workload outlives the recording (it is killed after), so every stack is symbolized.
+    with Workload("pipe", threads=2, iterations=2000, interval_ms=10) as w:
+        record = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "record",
+                "--pid",
+                str(w.pid),
+                "--duration",
+                "3",
+                "--format",
+                "html",
+                "-o",
+                str(page),
+            ],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+        assert record.stderr is not None
+        deadline = time.monotonic() + 60
+        for line in record.stderr:
+            if "probe attached" in line or time.monotonic() > deadline:
+                break
+        w.go()
+        _, err = record.communicate(timeout=60)
+        assert record.returncode == 0, err
+        assert "recording:" not in err  # no progress line when stderr is not a terminal
+    chromium.screenshot(page, ARTIFACTS / "e2e-record.png")
+    dom = chromium.dump_dom(page)
+    widths = [
+        float(m.group(1))
+        for m in re.finditer(r'<div class="frame[^"]*" data-name="offcpu_pipe_read" style="[^"]*width: ([\d.]+)px', dom)
+    ]
+    assert widths, "offcpu_pipe_read is not drawn"
+    assert max(widths) > 200  # the readers wait nearly all the time: a wide frame
+    assert re.search(r">offcpu_pipe_read<", dom)  # and it is labelled
