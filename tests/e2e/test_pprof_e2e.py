@@ -111,7 +111,8 @@ def test_profile_endpoint_matches_known_blocking(workload: Workload, tmp_path: P
     assert known_ms > 2 * 60 * 20 * 0.9  # 2 threads x 60 sleeps of 20 ms
     assert "offcpu_sleep_ms" in cum, out
     (ARTIFACTS / "e2e-profile.txt").write_text(
-        f"known blocked {known_ms:.1f} ms in {result.calls} calls; pprof offcpu_sleep_ms {cum['offcpu_sleep_ms']} ms\n{out}"
+        f"known blocked {known_ms:.1f} ms in {result.calls} calls; "
+        f"pprof offcpu_sleep_ms {cum['offcpu_sleep_ms']} ms\n{out}"
     )
     assert cum["offcpu_sleep_ms"] == pytest.approx(known_ms, rel=0.10), out
     sw = top_cum(go_pprof(tmp_path, "-top", "-sample_index=switches", "-nodefraction=0", str(path)))
