@@ -152,8 +152,8 @@ class Accumulator:
         if self._start_ns is None:
             self._start_ns = snapshot.interval_start_ns
         self._end_ns = snapshot.time_ns
-        for key, view in snapshot.processes.items():
-            self._infos[key] = view.info
+        for pkey, view in snapshot.processes.items():
+            self._infos[pkey] = view.info
         for s in snapshot.samples:
             if s.increase:
                 key = _row_key(s)

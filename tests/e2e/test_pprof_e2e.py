@@ -7,7 +7,9 @@ directly on a pipeline built exactly as `serve` builds it (cli.build_pipeline)."
 from __future__ import annotations
 
 import os
+import pty
 import re
+import select
 import subprocess
 import sys
 import threading
@@ -165,3 +167,55 @@ def test_record_html_shows_the_function(tmp_path: Path) -> None:
     assert widths, "offcpu_pipe_read is not drawn"
     assert max(widths) > 200  # the readers wait nearly all the time: a wide frame
     assert re.search(r">offcpu_pipe_read<", dom)  # and it is labelled
+
+
+def test_record_progress_only_on_a_terminal(tmp_path: Path) -> None:
+    build()
+    with Workload("sleep", threads=1, iterations=1000, interval_ms=10, wait_go=False) as w:
+        primary, secondary = pty.openpty()
+        try:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "exporter",
+                    "record",
+                    "--pid",
+                    str(w.pid),
+                    "--duration",
+                    "3",
+                    "--format",
+                    "folded",
+                    "-o",
+                    str(tmp_path / "out.folded"),
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=ROOT,
+                stderr=secondary,
+                stdout=subprocess.DEVNULL,
+                timeout=60,
+                check=False,
+                env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            )
+            os.close(secondary)
+            secondary = -1
+            chunks = []
+            while select.select([primary], [], [], 0.5)[0]:
+                try:
+                    chunk = os.read(primary, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            if secondary >= 0:
+                os.close(secondary)
+            os.close(primary)
+    assert done.returncode == 0
+    text = b"".join(chunks).decode()
+    lefts = [int(m) for m in re.findall(r"recording:\s+(\d+) s left, \d+ stacks, \d+ processes", text)]
+    assert len(lefts) >= 3 and lefts[0] == 3 and lefts == sorted(lefts, reverse=True), text
+    assert re.search(r"recording:\s+\d+ s left, [1-9]\d* stacks, 1 processes", text), text
+    assert (tmp_path / "out.folded").read_text().count("offcpu_sleep_ms") >= 1
