@@ -49,7 +49,8 @@
   }
   function seconds(ns) {
     var s = ns / 1e9;
-    return s >= 100 ? s.toFixed(0) + " s" : s >= 1 ? s.toFixed(3) + " s" : (s * 1000).toFixed(3) + " ms";
+    // Always seconds (what the exporter's metrics use), with microsecond precision below 1 s.
+    return (s >= 1000 ? s.toFixed(0) : s >= 1 ? s.toFixed(3) : s.toFixed(6)) + " s";
   }
   function percent(part, whole) {
     return whole > 0 ? (100 * part / whole).toFixed(2) + "%" : "0%";

@@ -87,3 +87,74 @@ def test_window_size_sets_the_width(before: Snapshot, after: Snapshot, tmp_path:
     page.write_bytes(render("html", Profile.between(before, after)))
     narrow = {n: w for _, n, w in frames_in(chromium.dump_dom(page, size=(600, 800)))}
     assert 540 < narrow["all"] < 600
+
+
+def widest(page: chromium.Page, name: str) -> dict[str, float] | None:
+    """The bounding box of the widest drawn frame called `name`."""
+    return page.evaluate(  # type: ignore[no-any-return]
+        f"""(() => {{
+        let best = null;
+        for (const el of document.querySelectorAll('.frame')) {{
+            if (el.dataset.name !== {json.dumps(name)}) continue;
+            const r = el.getBoundingClientRect();
+            if (!best || r.width > best.width) best = {{x: r.x, y: r.y, width: r.width, height: r.height,
+                classes: el.className}};
+        }}
+        return best;
+    }})()"""
+    )
+
+
+def test_interaction_in_chromium(before: Snapshot, after: Snapshot) -> None:
+    page_path = ARTIFACTS / "flamegraph-interactive.html"
+    page_path.parent.mkdir(parents=True, exist_ok=True)
+    page_path.write_bytes(render("html", Profile.between(before, after)))
+    with chromium.Page(page_path.resolve().as_uri(), size=(1200, 800)) as page:
+        page.wait_for("document.querySelectorAll('.frame').length > 10")
+        full = widest(page, "all")
+        assert full is not None and full["width"] > 1100
+
+        # Hover: the tooltip tells seconds, switches and the share of all.
+        box = widest(page, "offcpu_pipe_read")
+        assert box is not None
+        page.mouse("mouseMoved", box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        tip = page.evaluate("document.getElementById('tooltip').innerText")
+        assert page.evaluate("getComputedStyle(document.getElementById('tooltip')).display") == "block"
+        assert "offcpu_pipe_read" in tip and "off-CPU 0.250000 s, 4 switches" in tip and "4 switches" in tip
+        assert f"{100 * 250_000_000 / 1_791_235_066:.2f}% of all" in tip
+
+        # Click: zoom to the frame, it spans the chart; its ancestors stay, dimmed.
+        page.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        zoomed = widest(page, "offcpu_pipe_read")
+        assert zoomed is not None and zoomed["width"] > 1100
+        assert "Zoomed to offcpu_pipe_read" in page.evaluate("document.getElementById('zoominfo').innerText")
+        assert "ancestor" in str(widest(page, "reader_thread")["classes"])  # type: ignore[index]
+        assert widest(page, "offcpu_sleep_ms") is None  # outside the zoom: not drawn
+        page.screenshot(ARTIFACTS / "flamegraph-zoomed.png")
+
+        # Escape resets the zoom; so does the button.
+        page.key("Escape")
+        assert widest(page, "offcpu_sleep_ms") is not None
+        page.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        reset = page.evaluate("JSON.stringify(document.getElementById('reset').getBoundingClientRect())")
+        r = json.loads(reset)
+        page.click(r["x"] + r["width"] / 2, r["y"] + r["height"] / 2)
+        assert widest(page, "offcpu_sleep_ms") is not None
+
+        # Search: typed into the box, matches turn magenta, the share is shown.
+        s = json.loads(page.evaluate("JSON.stringify(document.getElementById('search').getBoundingClientRect())"))
+        page.click(s["x"] + 10, s["y"] + s["height"] / 2)
+        page.type_text("nanosleep")
+        matched = page.evaluate("document.getElementById('matched').innerText")
+        assert matched == f"Matched: {100 * 1_540_000_499 / 1_791_235_066:.2f}% (1.540 s)"
+        assert page.evaluate("document.querySelectorAll('.frame.match').length") == 2 * 3  # 3 frames x 2 processes
+        color = page.evaluate("getComputedStyle(document.querySelector('.frame.match')).backgroundColor")
+        assert color == "rgb(230, 0, 230)"
+        page.screenshot(ARTIFACTS / "flamegraph-search.png")
+
+        # Resize: the graph follows the window.
+        page.resize(700, 800)
+        page.evaluate("window.dispatchEvent(new Event('resize'))")
+        page.wait_for("document.querySelector('[data-name=\"all\"]').getBoundingClientRect().width < 700")
+        narrow = widest(page, "all")
+        assert narrow is not None and 640 < narrow["width"] < 700
