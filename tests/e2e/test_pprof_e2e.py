@@ -1,8 +1,7 @@
-"""End to end, on the real kernel: the pprof handler over a real pipeline watching a workload
-with known blocking, read back by `go tool pprof`; `record --format html` rendered in Chromium.
-
-The web server is not part of this branch's base yet, so the profile handler is called
-directly on a pipeline built exactly as `serve` builds it (cli.build_pipeline)."""
+"""End to end, on the real kernel: `go tool pprof` fetching /debug/pprof/profile from a real
+`offcpu-exporter serve` watching a workload with known blocking; the same handler on an
+in-process pipeline built as `serve` builds it (cli.build_pipeline); `record --format html`
+rendered in Chromium; record's progress line on a terminal."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import os
 import pty
 import re
 import select
+import shutil
 import subprocess
 import sys
 import threading
@@ -26,6 +26,7 @@ from exporter.sinks import pprof as pprof_sink
 from exporter.snapshot import Snapshot
 from exporter.web import Request, Response, Routes
 from tests.support import chromium
+from tests.support.exporter import ExporterProcess
 from tests.support.gopprof import go_pprof, top_cum
 from tests.support.workloads import Workload, build
 
@@ -33,12 +34,6 @@ pytestmark = pytest.mark.kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
-
-
-@pytest.fixture(autouse=True)
-def _root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to load the BPF probe")
 
 
 class Served:
@@ -121,6 +116,53 @@ def test_profile_endpoint_matches_known_blocking(workload: Workload, tmp_path: P
     assert sw["offcpu_sleep_ms"] == pytest.approx(result.calls, rel=0.10)
     # The interval is the one between the handler's two flushes.
     assert "Duration: 3" in out
+
+
+def flushes(exporter: ExporterProcess) -> float:
+    text = exporter.get("/metrics").decode()
+    m = re.search(r"^offcpu_exporter_flushes_total (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_go_tool_pprof_fetches_a_served_profile(workload: Workload, tmp_path: Path) -> None:
+    pytest.importorskip("exporter.web.server", reason="the web server (branch prometheus) is not merged yet")
+    go = shutil.which("go")
+    assert go is not None, "go (Debian golang-go) is needed: scripts/setup --test"
+    # No periodic flush during the test: the only flushes are the handler's two.
+    with ExporterProcess(["--pid", str(workload.pid), "--flush-interval", "600"]) as exporter:
+        assert flushes(exporter) == 0
+        env = dict(os.environ, HOME=str(tmp_path), GOCACHE=str(tmp_path / "gocache"), PPROF_TMPDIR=str(tmp_path))
+        fetch = subprocess.Popen(
+            [
+                go,
+                "tool",
+                "pprof",
+                "-top",
+                "-unit=ms",
+                "-nodefraction=0",
+                "-seconds=3",
+                "-timeout=60",
+                f"{exporter.url}/debug/pprof/profile",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        deadline = time.monotonic() + 30
+        while flushes(exporter) < 1:  # the handler took its first snapshot
+            assert time.monotonic() < deadline and fetch.poll() is None, fetch.stderr.read() if fetch.stderr else ""
+            time.sleep(0.05)
+        workload.go()
+        result = workload.wait(30)
+        out, err = fetch.communicate(timeout=60)
+        assert fetch.returncode == 0, err
+        assert flushes(exporter) == 2
+    cum = top_cum(out)
+    known_ms = sum(t.blocked_ns for t in result.threads) / 1e6
+    (ARTIFACTS / "e2e-http-profile.txt").write_text(f"known blocked {known_ms:.1f} ms\n{out}")
+    assert "Type: offcpu" in out and "offcpu_sleep_ms" in cum, out
+    assert cum["offcpu_sleep_ms"] == pytest.approx(known_ms, rel=0.10), out
 
 
 def test_record_html_shows_the_function(tmp_path: Path) -> None:
