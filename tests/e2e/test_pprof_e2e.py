@@ -125,7 +125,6 @@ def flushes(exporter: ExporterProcess) -> float:
 
 
 def test_go_tool_pprof_fetches_a_served_profile(workload: Workload, tmp_path: Path) -> None:
-    pytest.importorskip("exporter.web.server", reason="the web server (branch prometheus) is not merged yet")
     go = shutil.which("go")
     assert go is not None, "go (Debian golang-go) is needed: scripts/setup --test"
     # No periodic flush during the test: the only flushes are the handler's two.
