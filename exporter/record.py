@@ -50,8 +50,13 @@ class RecordSink:
 class Progress:
     """One status line rewritten in place with a carriage return; nothing unless `stream` is a TTY."""
 
-    def __init__(self, duration: float, seen: Callable[[], tuple[int, int, float]], stream: TextIO | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        duration: float,
+        seen: Callable[[], tuple[int, int, float]],
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._stream = stream if stream is not None else sys.stderr
         self.enabled = self._stream.isatty()
         self._duration = duration
@@ -65,8 +70,10 @@ class Progress:
             return
         left = max(0.0, self._duration - (self._clock() - self._started))
         stacks, processes, seconds = self._seen()
-        line = (f"recording: {left:4.0f} s left, {stacks} stacks, {processes} processes, "
-                f"{seconds:.3f} s off CPU")
+        line = (
+            f"recording: {left:4.0f} s left, {stacks} stack{'' if stacks == 1 else 's'}, "
+            f"{processes} process{'' if processes == 1 else 'es'}, {seconds:.3f} s off CPU"
+        )
         self._stream.write("\r" + line.ljust(self._width))
         self._stream.flush()
         self._width = len(line)

@@ -76,9 +76,7 @@ class _Tables:
         if function_id is None:
             function_id = len(self._functions) + 1
             name = self.string(frame.name)
-            self._message.function.add(
-                id=function_id, name=name, system_name=name, filename=self.string(filename)
-            )
+            self._message.function.add(id=function_id, name=name, system_name=name, filename=self.string(filename))
             self._functions[key] = function_id
         return function_id
 
@@ -120,7 +118,8 @@ def encode_message(profile: Profile) -> pb.Profile:
         labels = [("pid", str(s.process.pid)), ("comm", s.process.comm)]
         if s.tid:
             labels.append(("tid", str(s.tid)))
-            labels.append(("thread", s.thread_name))
+            if s.thread_name:
+                labels.append(("thread", s.thread_name))
         labels.append(("reason", s.reason.label))
         for key, value in labels:
             sample.label.add(key=keys[key], str=tables.string(value))

@@ -82,9 +82,7 @@ class Profile:
         return result
 
     @staticmethod
-    def between(
-        before: Snapshot, after: Snapshot, keep: ProfileFilter = _KEEP_ALL, description: str = ""
-    ) -> Profile:
+    def between(before: Snapshot, after: Snapshot, keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
         """The difference of cumulative totals from `before` to `after`.
 
         A row that `after` has and `before` lacks counts whole (it started inside the interval).
@@ -101,9 +99,7 @@ class Profile:
         return _build(before.time_ns, after.time_ns, rows, _known((after, before)), keep, description)
 
     @staticmethod
-    def over(
-        snapshots: Sequence[Snapshot], keep: ProfileFilter = _KEEP_ALL, description: str = ""
-    ) -> Profile:
+    def over(snapshots: Sequence[Snapshot], keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
         """What happened from the first snapshot to the last (the first one's own increase is
         before the interval). Consecutive snapshots (no sequence gap) are summed increase by
         increase; with a gap the totals of the first and the last are differenced instead."""

@@ -20,6 +20,10 @@ def _timestamp(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}es" if word.endswith(("s", "ch")) else f"{n} {word}s"
+
+
 def _block(s: ProfileSample) -> list[str]:
     out = [f"    {f.name}" for f in s.stack.kernel]
     out.append("    --")
@@ -27,7 +31,7 @@ def _block(s: ProfileSample) -> list[str]:
     who = f"{s.process.comm} ({s.process.pid})"
     if s.tid:
         who += f" thread {s.thread_name or '?'} ({s.tid})"
-    out.append(f"    {'-':<16} {who} [{s.reason.label}, {s.value.count} switches]")
+    out.append(f"    {'-':<16} {who} [{s.reason.label}, {_plural(s.value.count, 'switch')}]")
     out.append(f"        {(s.value.ns + 500) // 1000}")
     out.append("")
     return out
@@ -45,10 +49,10 @@ def encode(profile: Profile, top: int = DEFAULT_TOP) -> bytes:
     for s in reversed(shown):
         out.extend(_block(s))
     totals = profile.totals_by_process()
-    out.append(f"Processes ({len(totals)}), off-CPU total:")
+    out.append(f"{_plural(len(totals), 'process')}, off-CPU total:")
     for key, total in sorted(totals.items(), key=lambda kv: -kv[1].ns):
         info = profile.processes[key]
-        out.append(f"    {info.comm} ({info.pid}): {(total.ns + 500) // 1000} us, {total.count} switches")
+        out.append(f"    {info.comm} ({info.pid}): {(total.ns + 500) // 1000} us, {_plural(total.count, 'switch')}")
     if len(shown) < len(ranked):
         out.append(f"{len(ranked) - len(shown)} smaller stacks not shown (of {len(ranked)}).")
     return ("\n".join(out) + "\n").encode("utf-8", "surrogateescape")

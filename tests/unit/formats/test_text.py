@@ -19,6 +19,7 @@ def test_bcc_layout(before: Snapshot, after: Snapshot) -> None:
         line.strip() for line in lines[block_end - 2 - len(SLEEP.kernel) - 1 - len(SLEEP.user) + 1 : block_end - 1]
     ]
     assert frames == [f.name for f in SLEEP.kernel] + ["--"] + [f.name for f in SLEEP.user]
+    assert "2 processes, off-CPU total:" in lines
     assert "    offcpu_workload (4242): 1751235 us, 22 switches" in lines
     assert "    other<script> (777): 40000 us, 2 switches" in lines
 
