@@ -47,21 +47,25 @@ def tree(profile: Profile) -> tuple[list[str], list[Any]]:
     """The names table and the nested ``[name index, ns, switches, kind, children]`` tree."""
     root = _Node("all", _ROOT)
     for s in profile.samples:
-        node = root
-        node.ns += s.value.ns
-        node.count += s.value.count
-        path = [(f"{s.process.comm} ({s.process.pid})", _PROCESS)]
-        path.extend((f.name, _KIND_CODES.get(f.kind, 2)) for f in s.stack.root_to_leaf())
-        for name, kind in path:
-            node = node.child(name, kind)
-            node.ns += s.value.ns
-            node.count += s.value.count
+        ns, count = s.value.ns, s.value.count
+        root.ns += ns
+        root.count += count
+        node = root.child(f"{s.process.comm} ({s.process.pid})", _PROCESS)
+        node.ns += ns
+        node.count += count
+        for f in s.stack.root_to_leaf():
+            key = (f.name, _KIND_CODES.get(f.kind, 2))
+            child = node.children.get(key)
+            if child is None:
+                child = node.children[key] = _Node(*key)
+            child.ns += ns
+            child.count += count
+            node = child
     names: dict[str, int] = {}
 
     def pack(node: _Node) -> list[Any]:
         index = names.setdefault(node.name, len(names))
-        children = [pack(c) for _, c in sorted(node.children.items())]
-        return [index, node.ns, node.count, node.kind, children]
+        return [index, node.ns, node.count, node.kind, [pack(node.children[k]) for k in sorted(node.children)]]
 
     packed = pack(root)
     return list(names), packed

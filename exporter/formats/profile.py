@@ -47,11 +47,7 @@ class ProfileFilter:
 
 _KEEP_ALL = ProfileFilter()
 
-_RowKey = tuple[ProcessKey, int, Reason, Stack]
-
-
-def _row_key(sample: StackSample) -> _RowKey:
-    return (sample.process, sample.tid, sample.reason, sample.stack)
+_RowKey = tuple[ProcessKey, int, Reason, int]  # the stack as an index, see _RowKeys
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,21 +84,17 @@ class Profile:
         A row that `after` has and `before` lacks counts whole (it started inside the interval).
         A row whose total went down was reset (a new exporter or a recreated row): like a
         Prometheus counter reset, its whole new total counts."""
-        previous = {_row_key(s): s.total for s in before.samples}
-        rows: list[tuple[StackSample, Counter]] = []
-        for s in after.samples:
-            old = previous.get(_row_key(s))
-            value = s.total
-            if old is not None and s.total.count >= old.count and s.total.ns >= old.ns:
-                value = s.total - old
-            rows.append((s, value))
+        keys = _RowKeys()
+        previous = {keys(s): s.total for s in before.samples}
+        rows = [(s, _growth(s.total, previous.get(keys(s)))) for s in after.samples]
         return _build(before.time_ns, after.time_ns, rows, _known((after, before)), keep, description)
 
     @staticmethod
     def over(snapshots: Sequence[Snapshot], keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
         """What happened from the first snapshot to the last (the first one's own increase is
-        before the interval). Consecutive snapshots (no sequence gap) are summed increase by
-        increase; with a gap the totals of the first and the last are differenced instead."""
+        before the interval): for consecutive snapshots (no sequence gap) the sum of every
+        snapshot's increase, including rows the last snapshot no longer has; with a gap, the
+        difference of the first and the last only."""
         if not snapshots:
             raise ValueError("no snapshots")
         ordered = sorted(snapshots, key=lambda s: s.sequence)
@@ -111,10 +103,22 @@ class Profile:
             return Profile.since_previous(first, keep, description)
         if any(b.sequence != a.sequence + 1 for a, b in itertools.pairwise(ordered)):
             return Profile.between(first, last, keep, description)
-        summed = Accumulator(keep)
-        for snapshot in ordered[1:]:
-            summed.add(snapshot)
-        return summed.profile(description, start_ns=first.time_ns)
+        # Over consecutive snapshots the sum of a row's increases is its newest total minus its
+        # total in the first one: difference the rows the last snapshot has, and look back through
+        # the history only for the rows it lacks (gone with their process, or folded away).
+        keys = _RowKeys()
+        previous = {keys(s): s.total for s in first.samples}
+        newest: dict[_RowKey, StackSample] = {keys(s): s for s in last.samples}
+        by_id, index_of = keys.by_id, keys.index_of
+        for snapshot in reversed(ordered[1:-1]):
+            # The hot loop of a long history (rows x snapshots): the key is inlined.
+            for s in snapshot.samples:
+                index = by_id.get(id(s.stack))
+                if index is None:
+                    index = index_of(s.stack)
+                newest.setdefault((s.process, s.tid, s.reason, index), s)
+        rows = [(s, _growth(s.total, previous.get(key))) for key, s in newest.items()]
+        return _build(first.time_ns, last.time_ns, rows, _known(reversed(ordered)), keep, description)
 
     @staticmethod
     def since_previous(snapshot: Snapshot, keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
@@ -129,12 +133,51 @@ class Profile:
         return _build(snapshot.start_time_ns, snapshot.time_ns, rows, _known((snapshot,)), keep, description)
 
 
+def _growth(total: Counter, old: Counter | None) -> Counter:
+    """How much a cumulative total grew since `old`; a total that went down was reset (a new
+    exporter, a recreated row) and counts whole, as a Prometheus counter reset does."""
+    if old is None or total.count < old.count or total.ns < old.ns:
+        return total
+    return total - old
+
+
+def _stack_value(stack: Stack) -> tuple[tuple[str, str, str, int, str], ...]:
+    return tuple(
+        (f.name, f.kind.value, f.module, f.offset, f.build_id) for half in (stack.user, (), stack.kernel) for f in half
+    )
+
+
+class _RowKeys:
+    """Row keys that cost a small tuple per lookup. Hashing a Stack hashes every Frame through
+    dataclass and Enum __hash__ methods written in Python (tens of microseconds for a deep
+    stack), and the aggregator hands out the same Stack objects snapshot after snapshot: each
+    object is turned once into an index, through a tuple of plain values that hashes in C. The
+    objects are kept alive here, so their ids stay unique."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, int] = {}
+        self._index: dict[tuple[tuple[str, str, str, int, str], ...], int] = {}
+        self._alive: list[Stack] = []
+
+    def index_of(self, stack: Stack) -> int:
+        index = self.by_id.get(id(stack))
+        if index is None:
+            index = self._index.setdefault(_stack_value(stack), len(self._index))
+            self.by_id[id(stack)] = index
+            self._alive.append(stack)
+        return index
+
+    def __call__(self, s: StackSample) -> _RowKey:
+        return (s.process, s.tid, s.reason, self.index_of(s.stack))
+
+
 class Accumulator:
     """Sums the increases of every snapshot it is given, in order: the profile of a whole run
     (`record`), independent of how long the exporter keeps history or exited processes."""
 
     def __init__(self, keep: ProfileFilter = _KEEP_ALL) -> None:
         self._keep = keep
+        self._keys = _RowKeys()
         self._rows: dict[_RowKey, tuple[StackSample, Counter]] = {}
         self._infos: dict[ProcessKey, ProcessInfo] = {}
         self._start_ns: int | None = None
@@ -152,7 +195,7 @@ class Accumulator:
             self._infos[pkey] = view.info
         for s in snapshot.samples:
             if s.increase:
-                key = _row_key(s)
+                key = self._keys(s)
                 seen = self._rows.get(key)
                 self._rows[key] = (s, s.increase if seen is None else seen[1] + s.increase)
 
@@ -203,6 +246,7 @@ def _build(
         if not keep.keeps(info):
             continue
         samples.append(ProfileSample(info, s.tid, s.thread_name, s.reason, s.stack, value))
-    samples.sort(key=lambda p: (p.process.pid, p.tid, -p.value.ns, p.stack.stack_id, p.reason))
+    # Ties keep the snapshot's order (a stable sort), so equal input gives equal output.
+    samples.sort(key=lambda p: (p.process.pid, p.tid, -p.value.ns, p.reason))
     processes = {p.process.key: p.process for p in samples}
     return Profile(start_ns, end_ns, tuple(samples), MappingProxyType(processes), description)
