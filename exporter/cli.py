@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 from types import ModuleType
+from typing import BinaryIO
 
 from exporter import __version__
 from exporter.config import (
@@ -288,6 +289,19 @@ def cmd_serve(options: argparse.Namespace) -> int:
 
 
 def cmd_record(options: argparse.Namespace) -> int:
+    # Fail before recording, not after, when the output cannot be written.
+    try:
+        output = sys.stdout.buffer if options.output == "-" else open(options.output, "wb")  # noqa: SIM115
+    except OSError as e:
+        raise StartupError(f"cannot write {options.output}: {e.strerror}") from None
+    try:
+        return _record(options, output)
+    finally:
+        if output is not sys.stdout.buffer:
+            output.close()
+
+
+def _record(options: argparse.Namespace, output: BinaryIO) -> int:
     from exporter.probe.loader import ProbeError
     from exporter.record import Progress, RecordSink, write_profile
 
@@ -314,7 +328,7 @@ def cmd_record(options: argparse.Namespace) -> int:
     pipeline.stop()  # flushes once more: the recorder gets everything counted until now
     probe.close()
     progress.finish()
-    write_profile(options.format, recorder.profile(f"record {options.duration:g} s"), options.output)
+    write_profile(options.format, recorder.profile(f"record {options.duration:g} s"), output)
     return 0
 
 

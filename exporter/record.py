@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from exporter.formats import Accumulator, Profile, render
 from exporter.sinks import SinkStats
@@ -85,11 +85,6 @@ class Progress:
             self._stream.flush()
 
 
-def write_profile(fmt: str, profile: Profile, output: str) -> None:
-    data = render(fmt, profile)
-    if output == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-    else:
-        with open(output, "wb") as f:
-            f.write(data)
+def write_profile(fmt: str, profile: Profile, output: BinaryIO) -> None:
+    output.write(render(fmt, profile))
+    output.flush()

@@ -1,7 +1,12 @@
 from __future__ import annotations
 
 import io
+import time
+from pathlib import Path
 
+import pytest
+
+from exporter import cli
 from exporter.record import Progress, RecordSink
 from tests.unit.formats.synthetic import make_after, make_before, snapshot
 
@@ -47,3 +52,11 @@ def test_no_progress_when_piped() -> None:
     progress.update()
     progress.finish()
     assert not progress.enabled and piped.getvalue() == ""
+
+
+def test_unwritable_output_fails_before_recording(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    status = cli.main(["record", "--pid", "1", "--duration", "60", "-o", str(tmp_path / "missing" / "out.html")])
+    assert status == 2 and time.monotonic() - started < 10  # no probe loaded, no 60 s wait
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write" in err and "No such file or directory" in err
