@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 from types import ModuleType
+from typing import BinaryIO
 
 from exporter import __version__
 from exporter.config import (
@@ -33,6 +34,7 @@ log = logging.getLogger("exporter")
 SINK_MODULES: tuple[str, ...] = (
     "exporter.sinks.prometheus",
     "exporter.sinks.skywalking",
+    "exporter.sinks.pprof",
 )
 
 
@@ -43,6 +45,8 @@ examples:
   offcpu-exporter serve --config /etc/offcpu-exporter.yml
   offcpu-exporter record --pid 1234 --duration 30 --format folded -o out.folded
   offcpu-exporter record --comm myapp --duration 10 --format text
+  offcpu-exporter record --pid 1234 --duration 60 --format html -o offcpu.html
+  offcpu-exporter record --pid 1234 --duration 30 --format pprof -o offcpu.pb.gz
   offcpu-exporter doctor                            what this kernel supports
 """
 
@@ -131,7 +135,9 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
     record.add_argument("--duration", type=positive_float, default=10.0, metavar="SECONDS")
     from exporter.formats import FORMATS
 
-    record.add_argument("--format", choices=sorted(FORMATS), default="folded")
+    record.add_argument("--format", choices=FORMATS, default="folded",
+                        help="pprof (gzip, for go tool pprof), folded (flamegraph.pl), html (an interactive "
+                        "flame graph in one self-contained file) or text (like bcc's offcputime); default folded")
     record.add_argument("-o", "--output", default="-", metavar="FILE", help="default: standard output")
 
     doctor = sub.add_parser("doctor", help="what this kernel supports, and what to do about what it lacks")
@@ -279,50 +285,47 @@ def cmd_serve(options: argparse.Namespace) -> int:
 
 
 def cmd_record(options: argparse.Namespace) -> int:
-    from exporter.formats import render, window
+    # Fail before recording, not after, when the output cannot be written.
+    try:
+        output = sys.stdout.buffer if options.output == "-" else open(options.output, "wb")  # noqa: SIM115
+    except OSError as e:
+        raise StartupError(f"cannot write {options.output}: {e.strerror}") from None
+    try:
+        return _record(options, output)
+    finally:
+        if output is not sys.stdout.buffer:
+            output.close()
+
+
+def _record(options: argparse.Namespace, output: BinaryIO) -> int:
     from exporter.probe.loader import ProbeError
+    from exporter.record import Progress, RecordSink, write_profile
 
     stop = _stop_on_signals()
-    options.flush_interval = max(1.0, min(5.0, options.duration))
+    # Every second: the progress line shows fresh counts, and stacks are symbolized while their
+    # processes live (a process that exits before its first flush leaves only addresses).
+    options.flush_interval = min(1.0, options.duration)
     probe, pipeline = build_pipeline(options)
     try:
         probe.start()
     except ProbeError as e:
         log.error("%s", e)
         return 1
+    recorder = RecordSink()
+    pipeline.sinks = [recorder]
     pipeline.start()
     started = time.monotonic()
-    progress = _progress_reporter(options, pipeline, started)
+    progress = Progress(options.duration, recorder.seen)
+    progress.update()
     while not stop.wait(min(1.0, max(0.0, options.duration - (time.monotonic() - started)))):
         if time.monotonic() - started >= options.duration:
             break
-        progress()
-    pipeline.stop()
+        progress.update()
+    pipeline.stop()  # flushes once more: the recorder gets everything counted until now
     probe.close()
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")
-    data = render(options.format, window(None, pipeline.latest()))
-    if options.output == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-    else:
-        with open(options.output, "wb") as f:
-            f.write(data)
+    progress.finish()
+    write_profile(options.format, recorder.profile(f"record {options.duration:g} s"), output)
     return 0
-
-
-def _progress_reporter(options: argparse.Namespace, pipeline, started: float):  # type: ignore[no-untyped-def]
-    if not sys.stderr.isatty():
-        return lambda: None
-
-    def report() -> None:
-        snap = pipeline.latest()
-        left = max(0.0, options.duration - (time.monotonic() - started))
-        sys.stderr.write(f"\rrecording: {left:5.0f} s left, {len(snap.samples)} stacks, "
-                         f"{len(snap.processes)} processes  ")
-        sys.stderr.flush()
-
-    return report
 
 
 def cmd_doctor(options: argparse.Namespace) -> int:
