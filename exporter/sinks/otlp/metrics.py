@@ -1,0 +1,328 @@
+"""The off-CPU counters pushed as OTLP metrics through opentelemetry-sdk.
+
+Observable counters (cumulative) read the newest snapshot at every collection of the SDK's
+PeriodicExportingMetricReader; nothing is copied per flush. Names and attributes, next to the
+Prometheus names they correspond to:
+
+| OTLP                    | unit       | Prometheus                       |
+|-------------------------|------------|----------------------------------|
+| `offcpu.time`           | `s`        | `offcpu_seconds_total`           |
+| `offcpu.switches`       | `{switch}` | `offcpu_switches_total`          |
+| `offcpu.stack.time`     | `s`        | `offcpu_stack_seconds_total`     |
+| `offcpu.stack.switches` | `{switch}` | `offcpu_stack_switches_total`    |
+
+Per-process attributes: `process.pid`, `process.executable.name`, `offcpu.reason`, and when known
+`k8s.namespace.name`, `k8s.pod.name`, `k8s.container.name`. Per-stack attributes: `process.pid`,
+`process.executable.name`, `offcpu.stack_id`, `offcpu.user_function`, `offcpu.kernel_function`
+(and `offcpu.stack`, the folded stack, when enabled).
+
+Per-stack series are bounded: at most K stacks per process get their own series, the rest are summed
+into one `offcpu.stack_id=other` series, so the stacks of a process always add up to its total.
+A stack keeps its series once chosen (while its process lives) and free places go to the stacks that
+grew most since the previous collection; when a stack is chosen after a time in `other`, what it had
+accumulated stays in `other` and its own series counts from then on. That is what keeps every series
+monotonic: recomputing the top K at each collection would move time out of `other` (a counter reset
+for every backend) whenever the ranking changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+from exporter import __version__
+from exporter.sinks import SinkStats
+from exporter.snapshot import ZERO, Counter, ProcessKey, ProcessView, Snapshot, Stack
+
+from .options import OtlpConfig
+
+__all__ = [
+    "OTHER_STACK",
+    "CountingMetricExporter",
+    "OffcpuMetrics",
+    "StackSelection",
+    "build_meter_provider",
+    "build_metric_exporter",
+    "exporter_resource",
+    "shutdown",
+]
+
+log = logging.getLogger(__name__)
+
+OTHER_STACK = "other"
+METER_NAME = "offcpu-exporter"
+
+
+@dataclass
+class _ProcessStacks:
+    base: dict[Stack, Counter] = field(default_factory=dict)  # chosen stack -> part left in `other`
+    unchosen_before: dict[Stack, Counter] = field(default_factory=dict)  # totals at the last update
+
+
+@dataclass(frozen=True)
+class StackRow:
+    stack: Stack | None  # None: the `other` series
+    value: Counter
+
+
+class StackSelection:
+    """Sticky top-K stacks per process with an exact `other` (see the module docstring)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self._state: dict[ProcessKey, _ProcessStacks] = {}
+
+    def update(self, snapshot: Snapshot) -> dict[ProcessKey, list[StackRow]]:
+        totals: dict[ProcessKey, dict[Stack, Counter]] = {}
+        for sample in snapshot.samples:
+            per = totals.setdefault(sample.process, {})
+            per[sample.stack] = per.get(sample.stack, ZERO) + sample.total
+        for gone in set(self._state) - set(snapshot.processes) - set(totals):
+            del self._state[gone]
+        rows: dict[ProcessKey, list[StackRow]] = {}
+        for key, per in totals.items():
+            state = self._state.setdefault(key, _ProcessStacks())
+            free = self.k - len(state.base)
+            if free > 0:
+                fresh = [s for s in per if s not in state.base]
+                fresh.sort(
+                    key=lambda s: (
+                        (per[s] - state.unchosen_before.get(s, ZERO)).ns,
+                        per[s].ns,
+                        per[s].count,
+                        s.stack_id,
+                    ),
+                    reverse=True,
+                )
+                for stack in fresh[:free]:
+                    state.base[stack] = state.unchosen_before.get(stack, ZERO)
+            other = ZERO
+            out: list[StackRow] = []
+            for stack, base in state.base.items():
+                total = per.get(stack, base)  # a chosen stack missing from the snapshot keeps its value
+                out.append(StackRow(stack, total - base))
+                other = other + base
+            unchosen = {s: c for s, c in per.items() if s not in state.base}
+            for c in unchosen.values():
+                other = other + c
+            state.unchosen_before = unchosen
+            if unchosen or any(state.base.values()):
+                out.append(StackRow(None, other))
+            rows[key] = out
+        return rows
+
+
+def _process_attributes(view: ProcessView) -> dict[str, Any]:
+    info = view.info
+    attrs: dict[str, Any] = {"process.pid": info.pid, "process.executable.name": info.exe_name}
+    for key, value in (
+        ("k8s.namespace.name", info.namespace),
+        ("k8s.pod.name", info.pod),
+        ("k8s.container.name", info.container),
+    ):
+        if value:
+            attrs[key] = value
+    return attrs
+
+
+@dataclass(frozen=True)
+class _Rows:
+    process_time: list[Observation]
+    process_switches: list[Observation]
+    stack_time: list[Observation]
+    stack_switches: list[Observation]
+
+
+class OffcpuMetrics:
+    """Computes the observations once per snapshot and serves them to the four callbacks."""
+
+    def __init__(
+        self, latest: Callable[[], Snapshot], top_stacks: int, stack_attribute: bool = False
+    ) -> None:
+        self._latest = latest
+        self._selection = StackSelection(top_stacks)
+        self._stack_attribute = stack_attribute
+        self._lock = threading.Lock()
+        self._sequence = -1
+        self._rows = _Rows([], [], [], [])
+
+    def register(self, provider: MeterProvider) -> None:
+        meter = provider.get_meter(METER_NAME, __version__)
+        meter.create_observable_counter(
+            "offcpu.time", [self._process_time], unit="s", description="Time threads were off CPU"
+        )
+        meter.create_observable_counter(
+            "offcpu.switches",
+            [self._process_switches],
+            unit="{switch}",
+            description="Times threads were switched off CPU",
+        )
+        meter.create_observable_counter(
+            "offcpu.stack.time", [self._stack_time], unit="s", description="Off-CPU time per stack (top K)"
+        )
+        meter.create_observable_counter(
+            "offcpu.stack.switches",
+            [self._stack_switches],
+            unit="{switch}",
+            description="Switches off CPU per stack (top K)",
+        )
+
+    def rows(self) -> _Rows:
+        snapshot = self._latest()
+        with self._lock:
+            if snapshot.sequence != self._sequence:
+                self._rows = self._compute(snapshot)
+                self._sequence = snapshot.sequence
+            return self._rows
+
+    def _compute(self, snapshot: Snapshot) -> _Rows:
+        rows = _Rows([], [], [], [])
+        for view in snapshot.processes.values():
+            attrs = _process_attributes(view)
+            for reason, counter in sorted(view.by_reason.items()):
+                a = {**attrs, "offcpu.reason": reason.label}
+                rows.process_time.append(Observation(counter.ns / 1e9, a))
+                rows.process_switches.append(Observation(counter.count, a))
+        for key, stack_rows in self._selection.update(snapshot).items():
+            view = snapshot.processes.get(key)
+            base: dict[str, Any] = {
+                "process.pid": key.pid,
+                "process.executable.name": view.info.exe_name if view else "",
+            }
+            for row in stack_rows:
+                if row.stack is None:
+                    a = {**base, "offcpu.stack_id": OTHER_STACK}
+                else:
+                    a = {
+                        **base,
+                        "offcpu.stack_id": row.stack.stack_id,
+                        "offcpu.user_function": row.stack.user_function,
+                        "offcpu.kernel_function": row.stack.kernel_function,
+                    }
+                    if self._stack_attribute:
+                        a["offcpu.stack"] = row.stack.folded()
+                rows.stack_time.append(Observation(row.value.ns / 1e9, a))
+                rows.stack_switches.append(Observation(row.value.count, a))
+        return rows
+
+    def _process_time(self, options: CallbackOptions) -> Iterable[Observation]:
+        return self.rows().process_time
+
+    def _process_switches(self, options: CallbackOptions) -> Iterable[Observation]:
+        return self.rows().process_switches
+
+    def _stack_time(self, options: CallbackOptions) -> Iterable[Observation]:
+        return self.rows().stack_time
+
+    def _stack_switches(self, options: CallbackOptions) -> Iterable[Observation]:
+        return self.rows().stack_switches
+
+
+class CountingMetricExporter(MetricExporter):
+    """Delegates to the OTLP exporter and counts its results (``metrics_sent``/``metrics_failed``).
+
+    A failed cumulative export loses no data (the next one carries the same totals), so these are
+    kept apart from the profile counts (sent/dropped/...) of the sink."""
+
+    def __init__(self, delegate: MetricExporter, stats: SinkStats) -> None:
+        super().__init__(
+            preferred_temporality=delegate._preferred_temporality,
+            preferred_aggregation=delegate._preferred_aggregation,
+        )
+        self._delegate = delegate
+        self._stats = stats
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        result = self._delegate.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        self._stats.add("metrics_sent" if result is MetricExportResult.SUCCESS else "metrics_failed")
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._delegate.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._delegate.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+def exporter_resource(host_name: str) -> Resource:
+    """The exporter's own resource. OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win over these
+    defaults, as in every OpenTelemetry component (Resource.create alone would let ours win)."""
+    defaults = {"service.name": "offcpu-exporter", "service.version": __version__, "host.name": host_name}
+    return Resource.create(defaults).merge(OTELResourceDetector().detect())
+
+
+_GRPC_COMPRESSION = {"gzip": grpc.Compression.Gzip, "none": grpc.Compression.NoCompression}
+
+
+def build_metric_exporter(config: OtlpConfig) -> MetricExporter:
+    endpoint = config.metrics
+    assert endpoint is not None
+    if config.protocol == "grpc":
+        # The gRPC class ignores OTEL_EXPORTER_OTLP_PROTOCOL: the class itself is the choice.
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+
+        credentials = None
+        if not endpoint.insecure:
+            root = None
+            if config.certificate:
+                with open(config.certificate, "rb") as f:
+                    root = f.read()
+            credentials = grpc.ssl_channel_credentials(root_certificates=root)
+        from .profiles_transport import _CHANNEL_OPTIONS
+
+        return GrpcExporter(
+            endpoint=endpoint.target,
+            insecure=endpoint.insecure,
+            credentials=credentials,
+            headers=dict(config.headers),
+            timeout=config.timeout,
+            compression=_GRPC_COMPRESSION[config.compression],
+            channel_options=_CHANNEL_OPTIONS,
+        )
+    from opentelemetry.exporter.otlp.proto.http import Compression
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+    return HttpExporter(
+        endpoint=endpoint.target,
+        certificate_file=config.certificate,
+        headers=dict(config.headers),
+        timeout=config.timeout,
+        compression=Compression.Gzip if config.compression == "gzip" else Compression.NoCompression,
+    )
+
+
+def build_meter_provider(
+    exporter: MetricExporter, interval: float, resource: Resource, metrics: OffcpuMetrics, timeout: float
+) -> MeterProvider:
+    reader = PeriodicExportingMetricReader(
+        exporter,
+        export_interval_millis=interval * 1000.0,
+        export_timeout_millis=max(timeout, 1.0) * 1000.0 * 2,
+    )
+    provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
+    metrics.register(provider)
+    return provider
+
+
+def shutdown(provider: MeterProvider, timeout: float) -> None:
+    """Flushes the last collection (the final snapshot's totals) and stops the reader thread."""
+    try:
+        provider.shutdown(timeout_millis=max(0.0, timeout) * 1000.0)
+    except Exception:  # shutdown must finish the exporter's exit, whatever the collector does
+        log.exception("OTLP metrics: error at shutdown")
