@@ -121,12 +121,15 @@ def decode(request: ExportProfilesServiceRequest) -> list[DecodedSample]:
                         DecodedSample(
                             resource=resource,
                             sample_type=st,
-                            functions=tuple(s[d.function_table[loc.lines[0].function_index].name_strindex]
-                                            for loc in locs),
-                            frame_types=tuple(str(attrs(loc.attribute_indices).get("profile.frame.type"))
-                                              for loc in locs),
-                            mappings=tuple(s[d.mapping_table[loc.mapping_index].filename_strindex]
-                                           for loc in locs),
+                            functions=tuple(
+                                s[d.function_table[loc.lines[0].function_index].name_strindex] for loc in locs
+                            ),
+                            frame_types=tuple(
+                                str(attrs(loc.attribute_indices).get("profile.frame.type")) for loc in locs
+                            ),
+                            mappings=tuple(
+                                s[d.mapping_table[loc.mapping_index].filename_strindex] for loc in locs
+                            ),
                             value=sum(sample.values),
                             attributes=attrs(sample.attribute_indices),
                             time_unix_nano=p.time_unix_nano,

@@ -80,8 +80,11 @@ class _Servicers(
         if failure is None or failure.partial_rejected:
             return
         if failure.retry_after is not None:
-            info = RetryInfo(retry_delay=Duration(seconds=int(failure.retry_after),
-                                                  nanos=int(failure.retry_after % 1 * 1e9)))
+            info = RetryInfo(
+                retry_delay=Duration(
+                    seconds=int(failure.retry_after), nanos=int(failure.retry_after % 1 * 1e9)
+                )
+            )
             context.set_trailing_metadata((("google.rpc.retryinfo-bin", info.SerializeToString()),))
         with self.owner.received.lock:
             self.owner.received.refused += 1
@@ -234,7 +237,9 @@ class HttpReceiver:
                     return
                 self._reply(200, response.SerializeToString(), "application/x-protobuf")
 
-            def _reply(self, status: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
+            def _reply(
+                self, status: int, body: bytes, ctype: str, extra: dict[str, str] | None = None
+            ) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
@@ -245,8 +250,9 @@ class HttpReceiver:
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
         return self
 

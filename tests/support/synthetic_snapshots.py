@@ -34,9 +34,11 @@ APP = ProcessInfo(
 )
 DB = ProcessInfo(key=ProcessKey(777, 2000), comm="node", exe="/usr/bin/node")
 
-_SCHED = (Frame("finish_task_switch.isra.0", FrameKind.KERNEL, "[kernel]", 0x10),
-          Frame("__schedule", FrameKind.KERNEL, "[kernel]", 0x20),
-          Frame("schedule", FrameKind.KERNEL, "[kernel]", 0x30))
+_SCHED = (
+    Frame("finish_task_switch.isra.0", FrameKind.KERNEL, "[kernel]", 0x10),
+    Frame("__schedule", FrameKind.KERNEL, "[kernel]", 0x20),
+    Frame("schedule", FrameKind.KERNEL, "[kernel]", 0x30),
+)
 _LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 _BUILD_ID = "0123456789abcdef0123456789abcdef01234567"
 
@@ -46,8 +48,11 @@ STACK_SLEEP = Stack(
         Frame("main", FrameKind.NATIVE, "/usr/bin/app", 0x1200, "feedface" * 5),
         Frame("__libc_start_call_main", FrameKind.NATIVE, _LIBC, 0x271CA, _BUILD_ID),
     ),
-    kernel=(*_SCHED, Frame("do_nanosleep", FrameKind.KERNEL, "[kernel]", 0x40),
-            Frame("entry_SYSCALL_64_after_hwframe", FrameKind.KERNEL, "[kernel]", 0x50)),
+    kernel=(
+        *_SCHED,
+        Frame("do_nanosleep", FrameKind.KERNEL, "[kernel]", 0x40),
+        Frame("entry_SYSCALL_64_after_hwframe", FrameKind.KERNEL, "[kernel]", 0x50),
+    ),
 )
 STACK_PIPE = Stack(
     user=(
@@ -61,8 +66,10 @@ STACK_LOCK = Stack(
     kernel=(*_SCHED, Frame("futex_wait", FrameKind.KERNEL, "[kernel]", 0x70)),
 )
 STACK_JIT = Stack(
-    user=(Frame("LazyCompile:*handler /srv/app.js:10", FrameKind.JIT, "/tmp/perf-777.map", 0),
-          Frame("uv_run", FrameKind.NATIVE, "/usr/bin/node", 0x5000)),
+    user=(
+        Frame("LazyCompile:*handler /srv/app.js:10", FrameKind.JIT, "/tmp/perf-777.map", 0),
+        Frame("uv_run", FrameKind.NATIVE, "/usr/bin/node", 0x5000),
+    ),
     kernel=(*_SCHED, Frame("ep_poll", FrameKind.KERNEL, "[kernel]", 0x80)),
 )
 
@@ -101,10 +108,24 @@ def two_process_snapshot(sequence: int = 3, scale: int = 1) -> Snapshot:
     c = Counter
     return snapshot_of(
         [
-            (APP, 4243, "worker-1", Reason.SLEEPING, STACK_SLEEP, c(30 * scale, 3_000_000_000 * scale),
-             c(3 * scale, 300_000_000 * scale)),
-            (APP, 4244, "worker-2", Reason.SLEEPING, STACK_PIPE, c(40 * scale, 2_000_000_000 * scale),
-             c(4 * scale, 200_000_000 * scale)),
+            (
+                APP,
+                4243,
+                "worker-1",
+                Reason.SLEEPING,
+                STACK_SLEEP,
+                c(30 * scale, 3_000_000_000 * scale),
+                c(3 * scale, 300_000_000 * scale),
+            ),
+            (
+                APP,
+                4244,
+                "worker-2",
+                Reason.SLEEPING,
+                STACK_PIPE,
+                c(40 * scale, 2_000_000_000 * scale),
+                c(4 * scale, 200_000_000 * scale),
+            ),
             (APP, 0, "", Reason.SLEEPING, STACK_LOCK, c(10, 500_000_000), c(1, 50_000_000)),
             (APP, 4244, "worker-2", Reason.RUNNABLE, STACK_PIPE, c(5, 5_000_000), c(0, 0)),  # idle row
             (DB, 0, "", Reason.SLEEPING, STACK_JIT, c(60, 1_200_000_000), c(6, 120_000_000)),

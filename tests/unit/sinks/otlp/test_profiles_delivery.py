@@ -29,9 +29,12 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[GrpcReceiver | HttpRece
 
 def _args(receiver: GrpcReceiver | HttpReceiver, *extra: str) -> list[str]:
     return [
-        "--otlp-endpoint", receiver.endpoint,
-        "--otlp-protocol", receiver.protocol,  # type: ignore[union-attr]
-        "--otlp-headers", "X-Scope-OrgID=tenant-1",
+        "--otlp-endpoint",
+        receiver.endpoint,
+        "--otlp-protocol",
+        receiver.protocol,  # type: ignore[union-attr]
+        "--otlp-headers",
+        "X-Scope-OrgID=tenant-1",
         "--no-otlp-metrics",
         *extra,
     ]
@@ -119,8 +122,17 @@ def test_partial_success_is_logged_and_counted(receiver: GrpcReceiver | HttpRece
 def test_full_queue_drops_oldest_and_close_is_bounded(protocol: str) -> None:
     port = free_port()  # nobody listens
     sink = sink_from_args(
-        ["--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol", protocol, "--no-otlp-metrics",
-         "--otlp-queue-size", "2", "--otlp-max-delay", "60"]
+        [
+            "--otlp-endpoint",
+            f"http://127.0.0.1:{port}",
+            "--otlp-protocol",
+            protocol,
+            "--no-otlp-metrics",
+            "--otlp-queue-size",
+            "2",
+            "--otlp-max-delay",
+            "60",
+        ]
     )
     for seq in range(1, 6):
         sink.publish(two_process_snapshot(sequence=seq))

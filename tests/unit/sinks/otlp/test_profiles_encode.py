@@ -86,7 +86,9 @@ def test_stacks_are_leaf_first_kernel_then_user_with_frame_types() -> None:
         "__libc_start_call_main",
     )
     assert sleep.frame_types == ("kernel",) * 5 + ("native",) * 3
-    assert sleep.mappings == ("[kernel]",) * 5 + ("/usr/bin/app",) * 2 + ("/usr/lib/x86_64-linux-gnu/libc.so.6",)
+    assert sleep.mappings == ("[kernel]",) * 5 + ("/usr/bin/app",) * 2 + (
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+    )
     assert sleep.value == 300_000_000
     assert sleep.attributes == {"thread.id": 4243, "thread.name": "worker-1", "offcpu.reason": "sleeping"}
 
@@ -123,10 +125,14 @@ def test_resource_attributes() -> None:
 
 
 def test_service_name_template_and_env_service_name_ignored() -> None:
-    options = EncodeOptions(service_name="{namespace}/{container}", extra_resource_attributes={"service.name": "x"})
+    options = EncodeOptions(
+        service_name="{namespace}/{container}", extra_resource_attributes={"service.name": "x"}
+    )
     request = _encode(two_process_snapshot(), options)
     names = {
-        kv.value.string_value for rp in request.resource_profiles for kv in rp.resource.attributes
+        kv.value.string_value
+        for rp in request.resource_profiles
+        for kv in rp.resource.attributes
         if kv.key == "service.name"
     }
     assert names == {"shop/app", "node"}  # outside Kubernetes: the executable name
@@ -137,8 +143,10 @@ def test_mappings_carry_build_ids() -> None:
     s = d.string_table
     build_ids = {}
     for m in d.mapping_table[1:]:
-        attrs = {s[d.attribute_table[i].key_strindex]: d.attribute_table[i].value.string_value
-                 for i in m.attribute_indices}
+        attrs = {
+            s[d.attribute_table[i].key_strindex]: d.attribute_table[i].value.string_value
+            for i in m.attribute_indices
+        }
         build_ids[s[m.filename_strindex]] = attrs.get("process.executable.build_id.gnu")
     assert build_ids["/usr/bin/app"] == "feedface" * 5
     assert build_ids["/usr/lib/x86_64-linux-gnu/libc.so.6"] == "0123456789abcdef0123456789abcdef01234567"
@@ -161,8 +169,10 @@ def test_duplicate_identities_are_merged() -> None:
         ]
     )
     samples = [s for s in decode(_encode(snap)) if s.sample_type == "off_cpu/nanoseconds"]
-    by = {(s.functions[-3] if len(s.functions) > 2 else "", s.attributes.get("offcpu.reason")): s.value
-          for s in samples}
+    by = {
+        (s.functions[-3] if len(s.functions) > 2 else "", s.attributes.get("offcpu.reason")): s.value
+        for s in samples
+    }
     assert len(samples) == 3
     assert sorted(s.value for s in samples) == [12, 40, 100]
     assert sum(by.values()) == 152
@@ -173,8 +183,10 @@ def test_zero_values_are_left_out() -> None:
     # ns without a switch in this interval (a block that began before the previous flush)
     snap = snapshot_of([(APP, 1, "t", Reason.SLEEPING, STACK_LOCK, c(1, 99), c(0, 99))])
     request = _encode(snap)
-    types = [request.dictionary.string_table[p.sample_type.type_strindex]
-             for p in request.resource_profiles[0].scope_profiles[0].profiles]
+    types = [
+        request.dictionary.string_table[p.sample_type.type_strindex]
+        for p in request.resource_profiles[0].scope_profiles[0].profiles
+    ]
     assert types == ["off_cpu"]
 
 
@@ -199,7 +211,7 @@ def test_split_into_one_request_per_process_when_too_big() -> None:
     assert len(parts) == 2
     for part in parts:
         check_request(part)
-    assert sum((decode(p) for p in parts), []) == decode(whole)
+    assert [s for p in parts for s in decode(p)] == decode(whole)
     assert encode_profiles_split(snap, OPTIONS) == [whole]
 
 
@@ -209,13 +221,21 @@ def test_profile_ids_are_unique_and_stable() -> None:
     ids = [p.profile_id for rp in a.resource_profiles for p in rp.scope_profiles[0].profiles]
     assert len(set(ids)) == len(ids) == 4
     later = _encode(two_process_snapshot(sequence=4))
-    assert not set(ids) & {p.profile_id for rp in later.resource_profiles for p in rp.scope_profiles[0].profiles}
+    assert not set(ids) & {
+        p.profile_id for rp in later.resource_profiles for p in rp.scope_profiles[0].profiles
+    }
 
 
 @pytest.mark.parametrize(
     ("exe", "runtime"),
-    [("node", "v8js"), ("java", "jvm"), ("python3.12", "cpython"), ("dotnet", "dotnet"), ("nodemon", "native"),
-     ("app", "native")],
+    [
+        ("node", "v8js"),
+        ("java", "jvm"),
+        ("python3.12", "cpython"),
+        ("dotnet", "dotnet"),
+        ("nodemon", "native"),
+        ("app", "native"),
+    ],
 )
 def test_jit_runtime_from_executable(exe: str, runtime: str) -> None:
     assert jit_runtime(exe) == runtime
