@@ -102,7 +102,7 @@ def snapshot_of(
     )
 
 
-def two_process_snapshot(sequence: int = 3, scale: int = 1) -> Snapshot:
+def two_process_snapshot(sequence: int = 3, scale: int = 1, time_ns: int = 1_700_000_015_000_000_000) -> Snapshot:
     """APP: sleep 300 ms (3 switches) on tid 4243, pipe 200 ms (4) on tid 4244, an unknown-user-frame
     futex wait 50 ms (1) per process; DB (node): a JIT stack, 120 ms (6), per process (tid 0)."""
     c = Counter
@@ -131,4 +131,5 @@ def two_process_snapshot(sequence: int = 3, scale: int = 1) -> Snapshot:
             (DB, 0, "", Reason.SLEEPING, STACK_JIT, c(60, 1_200_000_000), c(6, 120_000_000)),
         ],
         sequence=sequence,
+        time_ns=time_ns,
     )

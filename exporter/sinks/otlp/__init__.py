@@ -60,9 +60,7 @@ class OtlpSink:
                 timeout=config.timeout,
             )
         if config.metrics is not None:
-            exporter = otlp_metrics.CountingMetricExporter(
-                otlp_metrics.build_metric_exporter(config), self.stats
-            )
+            exporter = otlp_metrics.CountingMetricExporter(otlp_metrics.build_metric_exporter(config), self.stats)
             self._provider = otlp_metrics.build_meter_provider(
                 exporter,
                 config.metrics_interval,
@@ -102,10 +100,8 @@ def _profiles_client(config: OtlpConfig) -> ProfilesClient:
 
 
 def create(options: argparse.Namespace, context: SinkContext) -> OtlpSink | None:
-    try:
-        config = resolve(options)
-    except ValueError as error:
-        raise SystemExit(f"offcpu-exporter: error: {error}") from None
+    """Raises ValueError (the CLI's one-line error, exit status 2) on contradictory options."""
+    config = resolve(options)
     if config is None:
         return None
     sink = OtlpSink(config, context)

@@ -28,43 +28,17 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
     ExportProfilesServiceRequest,
 )
 
+from exporter.ratelimit import RateLimitedLog
 from exporter.sinks import SinkStats
 from exporter.snapshot import Snapshot
 
 from .profiles_transport import ProfilesClient
 
-__all__ = ["Backoff", "ProfilesDelivery", "RateLimitedLog"]
+__all__ = ["Backoff", "ProfilesDelivery"]
 
 log = logging.getLogger(__name__)
 
 Encoder = Callable[[Snapshot], list[ExportProfilesServiceRequest]]
-
-
-class RateLimitedLog:
-    """Logs one message per `every` seconds per key and says how many were held back."""
-
-    def __init__(
-        self, logger: logging.Logger, every: float = 30.0, clock: Callable[[], float] = time.monotonic
-    ):
-        self._logger = logger
-        self._every = every
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._next: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def __call__(self, key: str, level: int, msg: str, *args: object) -> None:
-        now = self._clock()
-        with self._lock:
-            if now < self._next.get(key, 0.0):
-                self._held[key] = self._held.get(key, 0) + 1
-                return
-            held = self._held.pop(key, 0)
-            self._next[key] = now + self._every
-        if held:
-            msg += " (%d similar messages suppressed)"
-            args = (*args, held)
-        self._logger.log(level, msg, *args)
 
 
 @dataclass(frozen=True)
@@ -114,7 +88,7 @@ class ProfilesDelivery:
         self._stop = threading.Event()  # set by close when its time is up: abort everything
         self._closing = False
         self._busy = False
-        self._log = RateLimitedLog(log)
+        self._log = RateLimitedLog(log, interval=30.0)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -192,12 +166,11 @@ class ProfilesDelivery:
         attempt = 0
         while True:
             if self._stop.is_set():
-                self._log("stop", logging.WARNING, "OTLP profiles: request dropped at shutdown")
+                self._log.log(logging.WARNING, "OTLP profiles: request dropped at shutdown")
                 return "dropped"
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self._log(
-                    "deadline",
+                self._log.log(
                     logging.WARNING,
                     "OTLP profiles: request dropped, not delivered to %s within %.0f s",
                     self._client.description,
@@ -209,8 +182,7 @@ class ProfilesDelivery:
                 self._stats.add("sent")
                 if result.rejected_profiles or result.partial_message:
                     self._stats.add("rejected_profiles", result.rejected_profiles)
-                    self._log(
-                        "partial",
+                    self._log.log(
                         logging.WARNING,
                         "OTLP profiles: partial success from %s: %d profiles rejected: %s",
                         self._client.description,
@@ -219,8 +191,7 @@ class ProfilesDelivery:
                     )
                 return "sent"
             if not result.retryable:
-                self._log(
-                    "failed",
+                self._log.log(
                     logging.ERROR,
                     "OTLP profiles: %s refused the request (not retried): %s",
                     self._client.description,
@@ -229,16 +200,14 @@ class ProfilesDelivery:
                 return "failed"
             delay = self._backoff.delay(attempt, result.retry_after)
             if time.monotonic() + delay >= deadline:
-                self._log(
-                    "deadline",
+                self._log.log(
                     logging.WARNING,
                     "OTLP profiles: request dropped, %s unreachable until its deadline: %s",
                     self._client.description,
                     result.message,
                 )
                 return "dropped"
-            self._log(
-                "retry",
+            self._log.log(
                 logging.WARNING,
                 "OTLP profiles: export to %s failed, retrying: %s",
                 self._client.description,
@@ -253,9 +222,7 @@ class ProfilesDelivery:
         ns = _offcpu_ns(snapshot)
         self._stats.add("dropped")
         self._stats.add("dropped_ns", ns)
-        self._log(
-            "drop", logging.WARNING, "OTLP profiles: request dropped (%s): %.3f s off-CPU lost", why, ns / 1e9
-        )
+        self._log.log(logging.WARNING, "OTLP profiles: request dropped (%s): %.3f s off-CPU lost", why, ns / 1e9)
 
 
 def _request_ns(request: ExportProfilesServiceRequest) -> int:

@@ -150,9 +150,7 @@ class _Rows:
 class OffcpuMetrics:
     """Computes the observations once per snapshot and serves them to the four callbacks."""
 
-    def __init__(
-        self, latest: Callable[[], Snapshot], top_stacks: int, stack_attribute: bool = False
-    ) -> None:
+    def __init__(self, latest: Callable[[], Snapshot], top_stacks: int, stack_attribute: bool = False) -> None:
         self._latest = latest
         self._selection = StackSelection(top_stacks)
         self._stack_attribute = stack_attribute
@@ -198,10 +196,10 @@ class OffcpuMetrics:
                 rows.process_time.append(Observation(counter.ns / 1e9, a))
                 rows.process_switches.append(Observation(counter.count, a))
         for key, stack_rows in self._selection.update(snapshot).items():
-            view = snapshot.processes.get(key)
+            known = snapshot.processes.get(key)
             base: dict[str, Any] = {
                 "process.pid": key.pid,
-                "process.executable.name": view.info.exe_name if view else "",
+                "process.executable.name": known.info.exe_name if known else "",
             }
             for row in stack_rows:
                 if row.stack is None:
@@ -246,9 +244,7 @@ class CountingMetricExporter(MetricExporter):
         self._delegate = delegate
         self._stats = stats
 
-    def export(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
-    ) -> MetricExportResult:
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         result = self._delegate.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         self._stats.add("metrics_sent" if result is MetricExportResult.SUCCESS else "metrics_failed")
         return result
@@ -293,7 +289,7 @@ def build_metric_exporter(config: OtlpConfig) -> MetricExporter:
             headers=dict(config.headers),
             timeout=config.timeout,
             compression=_GRPC_COMPRESSION[config.compression],
-            channel_options=_CHANNEL_OPTIONS,
+            channel_options=_CHANNEL_OPTIONS,  # type: ignore[arg-type]  # the SDK's hint is too narrow
         )
     from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter

@@ -77,7 +77,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _milliseconds_env(name: str, default_seconds: float, environ: Mapping[str, str]) -> float:
+@dataclass(frozen=True)
+class _BadEnvironment:
+    """An unusable environment value, reported by `resolve` (the CLI turns it into exit status 2)
+    only when the sink is actually configured: a stray variable must not stop other commands."""
+
+    name: str
+    raw: str
+
+    def error(self) -> ValueError:
+        return ValueError(f"{self.name}={self.raw!r} is not a positive number of milliseconds")
+
+
+def _milliseconds_env(name: str, default_seconds: float, environ: Mapping[str, str]) -> float | _BadEnvironment:
     """OTEL_* durations are milliseconds (the specification), unlike the options (seconds)."""
     raw = environ.get(name, "").strip()
     if not raw:
@@ -85,10 +97,8 @@ def _milliseconds_env(name: str, default_seconds: float, environ: Mapping[str, s
     try:
         value = float(raw) / 1000.0
     except ValueError:
-        raise SystemExit(f"offcpu-exporter: error: {name}={raw!r} is not a number of milliseconds") from None
-    if not value > 0:
-        raise SystemExit(f"offcpu-exporter: error: {name}={raw!r} must be > 0")
-    return value
+        return _BadEnvironment(name, raw)
+    return value if value > 0 else _BadEnvironment(name, raw)
 
 
 def _bool_env(name: str, environ: Mapping[str, str]) -> bool | None:
@@ -106,8 +116,7 @@ def _service_name_template(text: str) -> str:
     unknown = names - set(SERVICE_NAME_FIELDS)
     if unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown field(s) {', '.join(sorted(unknown))} in {text!r}; "
-            f"known: {', '.join(SERVICE_NAME_FIELDS)}"
+            f"unknown field(s) {', '.join(sorted(unknown))} in {text!r}; known: {', '.join(SERVICE_NAME_FIELDS)}"
         )
     return text
 
@@ -225,16 +234,14 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         metavar="N",
         type=_positive_int,
         default=12,
-        help="profile requests kept while the collector is unreachable; older ones are dropped "
-        "(default: %(default)s)",
+        help="profile requests kept while the collector is unreachable; older ones are dropped (default: %(default)s)",
     )
     group.add_argument(
         "--otlp-max-delay",
         metavar="SECONDS",
         type=_positive_seconds,
         default=60.0,
-        help="a profile request not delivered within this time after its flush is dropped "
-        "(default: %(default)s)",
+        help="a profile request not delivered within this time after its flush is dropped (default: %(default)s)",
     )
 
 
@@ -301,6 +308,9 @@ def resolve(options: argparse.Namespace, environ: Mapping[str, str] | None = Non
     )
     if profiles is None and metrics is None:
         return None
+    for value in (options.otlp_timeout, options.otlp_interval):
+        if isinstance(value, _BadEnvironment):
+            raise value.error()
     raw_headers = options.otlp_headers or ""
     headers = dict(parse_env_headers(raw_headers, liberal=True)) if raw_headers.strip() else {}
     for name in headers:

@@ -296,10 +296,10 @@ def encode_profiles(
                 duration_nano=duration,
                 profile_id=_profile_id(snapshot, key, type_name, options.host_name),
             )
-            for (stack_index, attrs), (ns, count) in merged.items():
+            for (stack_index, attr_key), (ns, count) in merged.items():
                 value = count if is_count else ns
                 if value > 0:
-                    profile.samples.add(stack_index=stack_index, attribute_indices=attrs, values=[value])
+                    profile.samples.add(stack_index=stack_index, attribute_indices=attr_key, values=[value])
             if profile.samples:
                 profiles.append(profile)
         if not profiles:

@@ -129,9 +129,7 @@ class GrpcProfilesClient:
                     except Exception:  # a malformed hint is no reason to lose the request
                         continue
                     retry_after = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
-        retryable = code in _RETRYABLE_CODES or (
-            code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after is not None
-        )
+        retryable = code in _RETRYABLE_CODES or (code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after is not None)
         return ExportResult(False, retryable, retry_after, f"{code.name}: {details}")
 
     def close(self) -> None:

@@ -17,9 +17,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _stack(i: int) -> Stack:
-    return Stack(
-        user=(Frame(f"fn{i}", FrameKind.NATIVE, "/bin/x", i),), kernel=(Frame("schedule", FrameKind.KERNEL),)
-    )
+    return Stack(user=(Frame(f"fn{i}", FrameKind.NATIVE, "/bin/x", i),), kernel=(Frame("schedule", FrameKind.KERNEL),))
 
 
 def test_stack_selection_is_exact_monotonic_and_bounded() -> None:
@@ -111,12 +109,8 @@ def test_metrics_carry_the_snapshot_totals(protocol: str, monkeypatch: pytest.Mo
                 if dict(attrs)["process.pid"] == key.pid and dict(attrs)["offcpu.reason"] == reason.label
             ]
             assert value == pytest.approx(counter.ns / 1e9)
-        stack_ns = sum(
-            v for a, v in by_name["offcpu.stack.time"].items() if dict(a)["process.pid"] == key.pid
-        )
-        stack_n = sum(
-            v for a, v in by_name["offcpu.stack.switches"].items() if dict(a)["process.pid"] == key.pid
-        )
+        stack_ns = sum(v for a, v in by_name["offcpu.stack.time"].items() if dict(a)["process.pid"] == key.pid)
+        stack_n = sum(v for a, v in by_name["offcpu.stack.switches"].items() if dict(a)["process.pid"] == key.pid)
         assert stack_ns == pytest.approx(view.total.ns / 1e9)
         assert stack_n == view.total.count
 

@@ -86,9 +86,7 @@ def test_permanent_error_is_not_retried(receiver: GrpcReceiver | HttpReceiver, c
 
 def test_server_retry_hint_is_honoured(receiver: GrpcReceiver | HttpReceiver) -> None:
     # RESOURCE_EXHAUSTED is retryable only with RetryInfo; HTTP 429 with Retry-After
-    receiver.fail_next(
-        Failure(count=1, grpc_code=grpc.StatusCode.RESOURCE_EXHAUSTED, http_status=429, retry_after=1.0)
-    )
+    receiver.fail_next(Failure(count=1, grpc_code=grpc.StatusCode.RESOURCE_EXHAUSTED, http_status=429, retry_after=1.0))
     sink = sink_from_args(_args(receiver))
     start = time.monotonic()
     sink.publish(two_process_snapshot())

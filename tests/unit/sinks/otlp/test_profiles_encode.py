@@ -86,9 +86,7 @@ def test_stacks_are_leaf_first_kernel_then_user_with_frame_types() -> None:
         "__libc_start_call_main",
     )
     assert sleep.frame_types == ("kernel",) * 5 + ("native",) * 3
-    assert sleep.mappings == ("[kernel]",) * 5 + ("/usr/bin/app",) * 2 + (
-        "/usr/lib/x86_64-linux-gnu/libc.so.6",
-    )
+    assert sleep.mappings == ("[kernel]",) * 5 + ("/usr/bin/app",) * 2 + ("/usr/lib/x86_64-linux-gnu/libc.so.6",)
     assert sleep.value == 300_000_000
     assert sleep.attributes == {"thread.id": 4243, "thread.name": "worker-1", "offcpu.reason": "sleeping"}
 
@@ -125,9 +123,7 @@ def test_resource_attributes() -> None:
 
 
 def test_service_name_template_and_env_service_name_ignored() -> None:
-    options = EncodeOptions(
-        service_name="{namespace}/{container}", extra_resource_attributes={"service.name": "x"}
-    )
+    options = EncodeOptions(service_name="{namespace}/{container}", extra_resource_attributes={"service.name": "x"})
     request = _encode(two_process_snapshot(), options)
     names = {
         kv.value.string_value
@@ -144,8 +140,7 @@ def test_mappings_carry_build_ids() -> None:
     build_ids = {}
     for m in d.mapping_table[1:]:
         attrs = {
-            s[d.attribute_table[i].key_strindex]: d.attribute_table[i].value.string_value
-            for i in m.attribute_indices
+            s[d.attribute_table[i].key_strindex]: d.attribute_table[i].value.string_value for i in m.attribute_indices
         }
         build_ids[s[m.filename_strindex]] = attrs.get("process.executable.build_id.gnu")
     assert build_ids["/usr/bin/app"] == "feedface" * 5
@@ -170,8 +165,7 @@ def test_duplicate_identities_are_merged() -> None:
     )
     samples = [s for s in decode(_encode(snap)) if s.sample_type == "off_cpu/nanoseconds"]
     by = {
-        (s.functions[-3] if len(s.functions) > 2 else "", s.attributes.get("offcpu.reason")): s.value
-        for s in samples
+        (s.functions[-3] if len(s.functions) > 2 else "", s.attributes.get("offcpu.reason")): s.value for s in samples
     }
     assert len(samples) == 3
     assert sorted(s.value for s in samples) == [12, 40, 100]
@@ -221,9 +215,7 @@ def test_profile_ids_are_unique_and_stable() -> None:
     ids = [p.profile_id for rp in a.resource_profiles for p in rp.scope_profiles[0].profiles]
     assert len(set(ids)) == len(ids) == 4
     later = _encode(two_process_snapshot(sequence=4))
-    assert not set(ids) & {
-        p.profile_id for rp in later.resource_profiles for p in rp.scope_profiles[0].profiles
-    }
+    assert not set(ids) & {p.profile_id for rp in later.resource_profiles for p in rp.scope_profiles[0].profiles}
 
 
 @pytest.mark.parametrize(
