@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -303,6 +304,46 @@ def build_metric_exporter(config: OtlpConfig) -> MetricExporter:
     )
 
 
+class _RepeatFilter(logging.Filter):
+    """At most one record per message template per `interval` seconds. The SDK's OTLP exporters log
+    every failed export (several lines per attempt); with the collector down for an hour that would
+    be thousands of identical lines."""
+
+    def __init__(self, interval: float = 60.0) -> None:
+        super().__init__()
+        self._interval = interval
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        now = time.monotonic()
+        key = f"{record.name}:{record.msg}"
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self._interval:
+                return False
+            self._last[key] = now
+        return True
+
+
+_SDK_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.sdk.metrics._internal.export",
+)
+
+
+def quiet_sdk_repeats() -> None:
+    for name in _SDK_EXPORTER_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RepeatFilter) for f in logger.filters):
+            logger.addFilter(_RepeatFilter())
+
+
 def build_meter_provider(
     exporter: MetricExporter, interval: float, resource: Resource, metrics: OffcpuMetrics, timeout: float
 ) -> MeterProvider:
@@ -311,6 +352,7 @@ def build_meter_provider(
         export_interval_millis=interval * 1000.0,
         export_timeout_millis=max(timeout, 1.0) * 1000.0 * 2,
     )
+    quiet_sdk_repeats()
     provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
     metrics.register(provider)
     return provider
