@@ -50,7 +50,7 @@ class OtlpConfig:
     certificate: str | None = None
     metrics_interval: float = 15.0
     service_name: str = "{exe}"
-    top_stacks: int = 20
+    top_stacks: int = 10
     stack_attribute: bool = False
     switches_profile: bool = True
     queue_size: int = 12
@@ -219,7 +219,7 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         "--otlp-top-stacks",
         metavar="K",
         type=_positive_int,
-        default=20,
+        default=10,
         help="per-stack metrics: at most K stacks per process, the rest summed in stack_id=other "
         "(default: %(default)s)",
     )

@@ -1,0 +1,190 @@
+"""A real `offcpu-exporter serve` pushing to OTLP receivers on loopback while it watches workloads
+with known blocking (each workload thread times its own blocking calls)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.exporter import ExporterProcess
+from tests.support.otlp_metrics import points
+from tests.support.otlp_profiles import check_request, decode
+from tests.support.otlp_receivers import GrpcReceiver, HttpReceiver, Received
+from tests.support.workloads import Workload
+
+pytestmark = [pytest.mark.kernel, pytest.mark.timeout(240)]
+
+
+def _sleep_ns_by_thread(received: Received, pid: int, function: str = "offcpu_sleep_ms") -> dict[int, int]:
+    out: dict[int, int] = defaultdict(int)
+    with received.lock:
+        requests = list(received.profiles)
+    for request in requests:
+        for s in decode(request):
+            if s.resource["process.pid"] == pid and s.sample_type == "off_cpu/nanoseconds" and function in s.functions:
+                out[s.attributes["thread.id"]] += s.value
+    return out
+
+
+def _prometheus(text: str, name: str, pid: int) -> dict[tuple[tuple[str, str], ...], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("pid") == str(pid):
+                out[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_profiles_and_metrics_match_the_workload_and_metrics_page(protocol: str) -> None:
+    receiver = GrpcReceiver() if protocol == "grpc" else HttpReceiver()
+    with receiver, Workload("sleep", threads=2, iterations=40, interval_ms=25) as w:
+        args = [
+            "--pid",
+            str(w.pid),
+            "--per-thread",
+            "--flush-interval",
+            "1",
+            "--otlp-endpoint",
+            receiver.endpoint,
+            "--otlp-protocol",
+            protocol,
+            "--otlp-interval",
+            "1",
+            "--otlp-headers",
+            "X-Scope-OrgID=e2e",
+        ]
+        with ExporterProcess(args) as exp:
+            w.go()
+            result = w.wait()
+            expected = {t.tid: t.blocked_ns for t in result.threads}
+            # the workload has exited: two more flushes make its totals final
+            assert receiver.received.wait_for(
+                lambda r: sum(_sleep_ns_by_thread(r, w.pid).values()) >= 0.9 * sum(expected.values()),
+                timeout=20,
+            ), exp.log()
+            time.sleep(2.5)
+            page = exp.get("/metrics").decode()
+        # SIGTERM: the final flush and the final metrics export happen on the way out
+    got = receiver.received
+    for request in got.profiles:
+        check_request(request)
+    assert all(h.get("x-scope-orgid") == "e2e" for h in got.headers)
+
+    measured = _sleep_ns_by_thread(got, w.pid)
+    assert set(measured) == set(expected)
+    for tid, ns in expected.items():
+        assert measured[tid] == pytest.approx(ns, rel=0.10), (tid, measured[tid], ns)
+    switches = sum(
+        s.value
+        for r in got.profiles
+        for s in decode(r)
+        if s.sample_type == "off_cpu_switches/count" and "offcpu_sleep_ms" in s.functions
+    )
+    assert switches == pytest.approx(result.calls, rel=0.05)
+
+    sample = next(s for r in got.profiles for s in decode(r) if "offcpu_sleep_ms" in s.functions)
+    assert sample.resource["process.executable.name"] == "offcpu_workload"
+    assert sample.resource["service.name"] == "offcpu_workload"
+    leaf_user = sample.functions.index("offcpu_sleep_ms")
+    assert set(sample.frame_types[:leaf_user]) == {"kernel"} and sample.frame_types[leaf_user] == "native"
+    assert sample.mappings[leaf_user].endswith("offcpu_workload")
+
+    # metrics: the last export (at shutdown) carries the same totals as /metrics
+    final = points(got.metrics[-1])
+    otlp_time = {
+        p.attributes["offcpu.reason"]: p.value
+        for p in final
+        if p.name == "offcpu.time" and p.attributes["process.pid"] == w.pid
+    }
+    prom_time = {dict(k)["reason"]: v for k, v in _prometheus(page, "offcpu_seconds_total", w.pid).items()}
+    assert otlp_time.keys() == prom_time.keys()
+    for reason, value in prom_time.items():
+        assert otlp_time[reason] == pytest.approx(value, rel=1e-6, abs=1e-9), reason
+    otlp_n = sum(p.value for p in final if p.name == "offcpu.switches" and p.attributes["process.pid"] == w.pid)
+    assert otlp_n == sum(_prometheus(page, "offcpu_switches_total", w.pid).values())
+    stack_sum = sum(p.value for p in final if p.name == "offcpu.stack.time" and p.attributes["process.pid"] == w.pid)
+    assert stack_sum == pytest.approx(sum(otlp_time.values()), rel=1e-9)
+    assert sum(otlp_time.values()) == pytest.approx(sum(expected.values()) / 1e9, rel=0.10)
+
+
+def test_collector_down_for_20_seconds() -> None:
+    """/metrics keeps working, memory stays bounded, drops and retries show in the self-metrics, and
+    the profiles received after the collector is back are right."""
+    receiver = GrpcReceiver().start()
+    try:
+        with Workload("sleep", threads=1, iterations=2400, interval_ms=20) as w:
+            args = [
+                "--pid",
+                str(w.pid),
+                "--per-thread",
+                "--flush-interval",
+                "0.5",
+                "--otlp-endpoint",
+                receiver.endpoint,
+                "--otlp-queue-size",
+                "4",
+                "--otlp-max-delay",
+                "5",
+                "--otlp-timeout",
+                "2",
+                "--otlp-interval",
+                "1",
+            ]
+            with ExporterProcess(args) as exp:
+                w.go()
+                assert receiver.received.wait_for(lambda r: len(r.profiles) >= 2, timeout=15), exp.log()
+                receiver.stop()
+                rss_start = _rss_kib(exp.proc.pid)  # type: ignore[union-attr]
+                end = time.monotonic() + 20
+                slowest = 0.0
+                while time.monotonic() < end:
+                    t0 = time.monotonic()
+                    page = exp.get("/metrics", timeout=5).decode()
+                    slowest = max(slowest, time.monotonic() - t0)
+                    assert "offcpu_seconds_total" in page
+                    time.sleep(1)
+                rss_end = _rss_kib(exp.proc.pid)  # type: ignore[union-attr]
+                families = {f.name: f for f in text_string_to_metric_families(page)}
+                dropped = {s.labels["sink"]: s.value for s in families["offcpu_exporter_sink_dropped"].samples}
+                retried = {s.labels["sink"]: s.value for s in families["offcpu_exporter_sink_retried"].samples}
+                before = len(receiver.received.profiles)
+                back = time.monotonic()
+                receiver.start()
+                assert receiver.received.wait_for(lambda r: len(r.profiles) >= before + 4, timeout=15), exp.log()
+                recovered_after = time.monotonic() - back
+                after = receiver.received.profiles[before:]
+    finally:
+        receiver.stop()
+    print(
+        f"slowest /metrics {slowest:.3f}s, rss {rss_start}->{rss_end} KiB, dropped {dropped}, "
+        f"retried {retried}, recovered after {recovered_after:.2f}s"
+    )
+    assert slowest < 2.0
+    assert rss_end - rss_start < 30 * 1024
+    assert dropped.get("otlp", 0) > 0 and retried.get("otlp", 0) > 0
+    # After recovery: each fresh interval shows the thread asleep in offcpu_sleep_ms nearly all the
+    # time (20 ms sleeps back to back): off-CPU ns of that stack ~= the interval's length.
+    checked = 0
+    for request in after:
+        check_request(request)
+        samples = [
+            s for s in decode(request) if s.sample_type == "off_cpu/nanoseconds" and "offcpu_sleep_ms" in s.functions
+        ]
+        if not samples:
+            continue
+        ns = sum(s.value for s in samples)
+        assert ns == pytest.approx(samples[0].duration_nano, rel=0.10), (ns, samples[0].duration_nano)
+        checked += 1
+    assert checked >= 3
