@@ -42,7 +42,7 @@ class Received:
     metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)  # of the accepted requests
     refused: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.RLock = field(default_factory=threading.RLock)  # predicates may take it again
     arrived: threading.Condition = field(init=False)
 
     def __post_init__(self) -> None:
