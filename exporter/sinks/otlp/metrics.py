@@ -47,7 +47,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from exporter import __version__
 from exporter.sinks import SinkStats
-from exporter.snapshot import ZERO, Counter, ProcessKey, ProcessView, Snapshot, Stack
+from exporter.snapshot import ZERO, Counter, ProcessKey, ProcessView, Reason, Snapshot, Stack
 
 from .options import OtlpConfig
 
@@ -192,7 +192,10 @@ class OffcpuMetrics:
         rows = _Rows([], [], [], [])
         for view in snapshot.processes.values():
             attrs = _process_attributes(view)
-            for reason, counter in sorted(view.by_reason.items()):
+            # every reason, zeros included, as /metrics does: a series that exists from the start
+            # gives rate() a baseline when the reason first occurs
+            for reason in Reason:
+                counter = view.by_reason.get(reason, ZERO)
                 a = {**attrs, "offcpu.reason": reason.label}
                 rows.process_time.append(Observation(counter.ns / 1e9, a))
                 rows.process_switches.append(Observation(counter.count, a))

@@ -102,6 +102,8 @@ def test_metrics_carry_the_snapshot_totals(protocol: str, monkeypatch: pytest.Mo
         by_name[p.name][tuple(sorted(p.attributes.items()))] = p.value
 
     for key, view in snap.processes.items():
+        reasons = {dict(a)["offcpu.reason"] for a in by_name["offcpu.time"] if dict(a)["process.pid"] == key.pid}
+        assert reasons == {"runnable", "sleeping", "uninterruptible", "other"}  # zeros too, as /metrics
         for reason, counter in view.by_reason.items():
             (value,) = [
                 v
