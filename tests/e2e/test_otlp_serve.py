@@ -13,9 +13,18 @@ from tests.support.exporter import ExporterProcess
 from tests.support.otlp_metrics import points
 from tests.support.otlp_profiles import check_request, decode
 from tests.support.otlp_receivers import GrpcReceiver, HttpReceiver, Received
-from tests.support.workloads import Workload
+from tests.support.workloads import Workload, build
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(240)]
+
+# A binary of our own: the shared build path is rebuilt by whichever checkout's test runs first, and
+# a binary replaced under a running workload cannot be symbolized ("[unknown] offcpu_workload+0x...").
+NAME = "offcpu_workload_otlp"
+
+
+@pytest.fixture(scope="module")
+def binary():  # type: ignore[no-untyped-def]
+    return build(name=NAME)
 
 
 def _sleep_ns_by_thread(received: Received, pid: int, function: str = "offcpu_sleep_ms") -> dict[int, int]:
@@ -47,9 +56,9 @@ def _rss_kib(pid: int) -> int:
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_profiles_and_metrics_match_the_workload_and_metrics_page(protocol: str) -> None:
+def test_profiles_and_metrics_match_the_workload_and_metrics_page(protocol: str, binary) -> None:  # type: ignore[no-untyped-def]
     receiver = GrpcReceiver() if protocol == "grpc" else HttpReceiver()
-    with receiver, Workload("sleep", threads=2, iterations=40, interval_ms=25) as w:
+    with receiver, Workload("sleep", threads=2, iterations=40, interval_ms=25, binary=binary) as w:
         args = [
             "--pid",
             str(w.pid),
@@ -73,7 +82,7 @@ def test_profiles_and_metrics_match_the_workload_and_metrics_page(protocol: str)
             assert receiver.received.wait_for(
                 lambda r: sum(_sleep_ns_by_thread(r, w.pid).values()) >= 0.9 * sum(expected.values()),
                 timeout=20,
-            ), exp.log()
+            ), (dict(_sleep_ns_by_thread(receiver.received, w.pid)), expected, exp.log())
             time.sleep(2.5)
             page = exp.get("/metrics").decode()
         # SIGTERM: the final flush and the final metrics export happen on the way out
@@ -95,11 +104,11 @@ def test_profiles_and_metrics_match_the_workload_and_metrics_page(protocol: str)
     assert switches == pytest.approx(result.calls, rel=0.05)
 
     sample = next(s for r in got.profiles for s in decode(r) if "offcpu_sleep_ms" in s.functions)
-    assert sample.resource["process.executable.name"] == "offcpu_workload"
-    assert sample.resource["service.name"] == "offcpu_workload"
+    assert sample.resource["process.executable.name"] == NAME
+    assert sample.resource["service.name"] == NAME
     leaf_user = sample.functions.index("offcpu_sleep_ms")
     assert set(sample.frame_types[:leaf_user]) == {"kernel"} and sample.frame_types[leaf_user] == "native"
-    assert sample.mappings[leaf_user].endswith("offcpu_workload")
+    assert sample.mappings[leaf_user].endswith(NAME)
 
     # metrics: the last export (at shutdown) carries the same totals as /metrics
     final = points(got.metrics[-1])
@@ -119,12 +128,12 @@ def test_profiles_and_metrics_match_the_workload_and_metrics_page(protocol: str)
     assert sum(otlp_time.values()) == pytest.approx(sum(expected.values()) / 1e9, rel=0.10)
 
 
-def test_collector_down_for_20_seconds() -> None:
+def test_collector_down_for_20_seconds(binary) -> None:  # type: ignore[no-untyped-def]
     """/metrics keeps working, memory stays bounded, drops and retries show in the self-metrics, and
     the profiles received after the collector is back are right."""
     receiver = GrpcReceiver().start()
     try:
-        with Workload("sleep", threads=1, iterations=2400, interval_ms=20) as w:
+        with Workload("sleep", threads=1, iterations=2400, interval_ms=20, binary=binary) as w:
             args = [
                 "--pid",
                 str(w.pid),
