@@ -31,6 +31,7 @@ log = logging.getLogger("exporter")
 
 # Output modules plugged into `serve` (see exporter/sinks/__init__.py).
 SINK_MODULES: tuple[str, ...] = (
+    "exporter.sinks.prometheus",
     "exporter.sinks.otlp",
 )
 
