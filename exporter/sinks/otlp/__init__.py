@@ -65,7 +65,9 @@ class OtlpSink:
                 exporter,
                 config.metrics_interval,
                 otlp_metrics.exporter_resource(host),
-                otlp_metrics.OffcpuMetrics(context.latest, config.top_stacks, config.stack_attribute),
+                otlp_metrics.OffcpuMetrics(
+                    context.latest, config.top_stacks, config.stack_attribute, config.max_processes
+                ),
                 config.timeout,
             )
 

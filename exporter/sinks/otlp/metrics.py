@@ -16,13 +16,11 @@ Per-process attributes: `process.pid`, `process.executable.name`, `offcpu.reason
 `process.executable.name`, `offcpu.stack_id`, `offcpu.user_function`, `offcpu.kernel_function`
 (and `offcpu.stack`, the folded stack, when enabled).
 
-Per-stack series are bounded: at most K stacks per process get their own series, the rest are summed
-into one `offcpu.stack_id=other` series, so the stacks of a process always add up to its total.
-A stack keeps its series once chosen (while its process lives) and free places go to the stacks that
-grew most since the previous collection; when a stack is chosen after a time in `other`, what it had
-accumulated stays in `other` and its own series counts from then on. That is what keeps every series
-monotonic: recomputing the top K at each collection would move time out of `other` (a counter reset
-for every backend) whenever the ranking changed.
+Which processes and stacks get their own series is decided by the Prometheus sink's `Selection`
+(its own instance), so both outputs bound cardinality the same way and keep every series
+monotonic and the stacks of a process summing exactly to its total: top K stacks per process
+plus `offcpu.stack_id=other`, at most N processes plus one folded process (no `process.pid`,
+`process.executable.name=other`).
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -47,15 +45,15 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from exporter import __version__
 from exporter.sinks import SinkStats
-from exporter.snapshot import ZERO, Counter, ProcessKey, ProcessView, Reason, Snapshot, Stack
+from exporter.sinks.prometheus.selection import ProcessSeries, Selection
+from exporter.snapshot import ZERO, Counter, ProcessInfo, ProcessView, Reason, Snapshot
 
 from .options import OtlpConfig
 
 __all__ = [
-    "OTHER_STACK",
+    "OTHER",
     "CountingMetricExporter",
     "OffcpuMetrics",
-    "StackSelection",
     "build_meter_provider",
     "build_metric_exporter",
     "exporter_resource",
@@ -64,67 +62,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OTHER_STACK = "other"
+OTHER = "other"
 METER_NAME = "offcpu-exporter"
-
-
-@dataclass
-class _ProcessStacks:
-    base: dict[Stack, Counter] = field(default_factory=dict)  # chosen stack -> part left in `other`
-    unchosen_before: dict[Stack, Counter] = field(default_factory=dict)  # totals at the last update
-
-
-@dataclass(frozen=True)
-class StackRow:
-    stack: Stack | None  # None: the `other` series
-    value: Counter
-
-
-class StackSelection:
-    """Sticky top-K stacks per process with an exact `other` (see the module docstring)."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self._state: dict[ProcessKey, _ProcessStacks] = {}
-
-    def update(self, snapshot: Snapshot) -> dict[ProcessKey, list[StackRow]]:
-        totals: dict[ProcessKey, dict[Stack, Counter]] = {}
-        for sample in snapshot.samples:
-            per = totals.setdefault(sample.process, {})
-            per[sample.stack] = per.get(sample.stack, ZERO) + sample.total
-        for gone in set(self._state) - set(snapshot.processes) - set(totals):
-            del self._state[gone]
-        rows: dict[ProcessKey, list[StackRow]] = {}
-        for key, per in totals.items():
-            state = self._state.setdefault(key, _ProcessStacks())
-            free = self.k - len(state.base)
-            if free > 0:
-                fresh = [s for s in per if s not in state.base]
-                fresh.sort(
-                    key=lambda s: (
-                        (per[s] - state.unchosen_before.get(s, ZERO)).ns,
-                        per[s].ns,
-                        per[s].count,
-                        s.stack_id,
-                    ),
-                    reverse=True,
-                )
-                for stack in fresh[:free]:
-                    state.base[stack] = state.unchosen_before.get(stack, ZERO)
-            other = ZERO
-            out: list[StackRow] = []
-            for stack, base in state.base.items():
-                total = per.get(stack, base)  # a chosen stack missing from the snapshot keeps its value
-                out.append(StackRow(stack, total - base))
-                other = other + base
-            unchosen = {s: c for s, c in per.items() if s not in state.base}
-            for c in unchosen.values():
-                other = other + c
-            state.unchosen_before = unchosen
-            if unchosen or any(state.base.values()):
-                out.append(StackRow(None, other))
-            rows[key] = out
-        return rows
 
 
 def _process_attributes(view: ProcessView) -> dict[str, Any]:
@@ -151,9 +90,15 @@ class _Rows:
 class OffcpuMetrics:
     """Computes the observations once per snapshot and serves them to the four callbacks."""
 
-    def __init__(self, latest: Callable[[], Snapshot], top_stacks: int, stack_attribute: bool = False) -> None:
+    def __init__(
+        self,
+        latest: Callable[[], Snapshot],
+        top_stacks: int,
+        stack_attribute: bool = False,
+        max_processes: int = 200,
+    ) -> None:
         self._latest = latest
-        self._selection = StackSelection(top_stacks)
+        self._selection = Selection(max_processes=max_processes, top_stacks=top_stacks)
         self._stack_attribute = stack_attribute
         self._lock = threading.Lock()
         self._sequence = -1
@@ -190,36 +135,50 @@ class OffcpuMetrics:
 
     def _compute(self, snapshot: Snapshot) -> _Rows:
         rows = _Rows([], [], [], [])
-        for view in snapshot.processes.values():
-            attrs = _process_attributes(view)
-            # every reason, zeros included, as /metrics does: a series that exists from the start
-            # gives rate() a baseline when the reason first occurs
-            for reason in Reason:
-                counter = view.by_reason.get(reason, ZERO)
-                a = {**attrs, "offcpu.reason": reason.label}
-                rows.process_time.append(Observation(counter.ns / 1e9, a))
-                rows.process_switches.append(Observation(counter.count, a))
-        for key, stack_rows in self._selection.update(snapshot).items():
-            known = snapshot.processes.get(key)
-            base: dict[str, Any] = {
-                "process.pid": key.pid,
-                "process.executable.name": known.info.exe_name if known else "",
-            }
-            for row in stack_rows:
-                if row.stack is None:
-                    a = {**base, "offcpu.stack_id": OTHER_STACK}
-                else:
-                    a = {
-                        **base,
-                        "offcpu.stack_id": row.stack.stack_id,
-                        "offcpu.user_function": row.stack.user_function,
-                        "offcpu.kernel_function": row.stack.kernel_function,
-                    }
-                    if self._stack_attribute:
-                        a["offcpu.stack"] = row.stack.folded()
-                rows.stack_time.append(Observation(row.value.ns / 1e9, a))
-                rows.stack_switches.append(Observation(row.value.count, a))
+        view = self._selection.view(snapshot)
+        for series in _one_per_pid(view.processes):
+            info = series.view.info
+            attrs = _process_attributes(series.view)
+            self._add_reasons(rows, attrs, series.view.by_reason)
+            base: dict[str, Any] = {"process.pid": info.pid, "process.executable.name": info.exe_name}
+            for stack_series in series.stacks:
+                stack = stack_series.stack
+                a = {
+                    **base,
+                    "offcpu.stack_id": stack.stack_id,
+                    "offcpu.user_function": stack.user_function,
+                    "offcpu.kernel_function": stack.kernel_function,
+                }
+                if self._stack_attribute:
+                    a["offcpu.stack"] = stack.folded()
+                self._add_stack(rows, a, stack_series.value)
+            self._add_stack(rows, self._other_stack(base), series.other)
+        if view.folded is not None:
+            folded = {"process.executable.name": OTHER}
+            self._add_reasons(rows, folded, view.folded.by_reason)
+            self._add_stack(rows, self._other_stack(folded), view.folded.total)
         return rows
+
+    @staticmethod
+    def _add_reasons(rows: _Rows, attrs: dict[str, Any], by_reason: Any) -> None:
+        # every reason, zeros included, as /metrics does: a series that exists from the start
+        # gives rate() a baseline when the reason first occurs
+        for reason in Reason:
+            counter = by_reason.get(reason, ZERO)
+            a = {**attrs, "offcpu.reason": reason.label}
+            rows.process_time.append(Observation(counter.ns / 1e9, a))
+            rows.process_switches.append(Observation(counter.count, a))
+
+    def _other_stack(self, base: dict[str, Any]) -> dict[str, Any]:
+        a = {**base, "offcpu.stack_id": OTHER, "offcpu.user_function": OTHER, "offcpu.kernel_function": OTHER}
+        if self._stack_attribute:
+            a["offcpu.stack"] = OTHER
+        return a
+
+    @staticmethod
+    def _add_stack(rows: _Rows, attrs: dict[str, Any], value: Counter) -> None:
+        rows.stack_time.append(Observation(value.ns / 1e9, attrs))
+        rows.stack_switches.append(Observation(value.count, attrs))
 
     def _process_time(self, options: CallbackOptions) -> Iterable[Observation]:
         return self.rows().process_time
@@ -232,6 +191,22 @@ class OffcpuMetrics:
 
     def _stack_switches(self, options: CallbackOptions) -> Iterable[Observation]:
         return self.rows().stack_switches
+
+
+def _one_per_pid(processes: Sequence[ProcessSeries]) -> Iterator[ProcessSeries]:
+    """A pid reused while the exited process is still in its grace period would give two processes
+    the same attributes: export the live (newer) one, as /metrics does."""
+    best: dict[int, ProcessSeries] = {}
+    for p in processes:
+        cur = best.get(p.view.info.pid)
+        if cur is None or _newer(p.view.info, cur.view.info):
+            best[p.view.info.pid] = p
+    for pid in sorted(best):
+        yield best[pid]
+
+
+def _newer(a: ProcessInfo, b: ProcessInfo) -> bool:
+    return (not a.exited, a.key.start_ticks) > (not b.exited, b.key.start_ticks)
 
 
 class CountingMetricExporter(MetricExporter):

@@ -51,6 +51,7 @@ class OtlpConfig:
     metrics_interval: float = 15.0
     service_name: str = "{exe}"
     top_stacks: int = 10
+    max_processes: int = 200
     stack_attribute: bool = False
     switches_profile: bool = True
     queue_size: int = 12
@@ -74,6 +75,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
     return value
 
 
@@ -224,6 +235,14 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         "(default: %(default)s)",
     )
     group.add_argument(
+        "--otlp-max-processes",
+        metavar="N",
+        type=_non_negative_int,
+        default=200,
+        help="processes with their own metric series; the rest are summed in one series with "
+        "process.executable.name=other (0: no limit; default: %(default)s)",
+    )
+    group.add_argument(
         "--otlp-stack-attribute",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -329,6 +348,7 @@ def resolve(options: argparse.Namespace, environ: Mapping[str, str] | None = Non
         metrics_interval=options.otlp_interval,
         service_name=options.otlp_service_name,
         top_stacks=options.otlp_top_stacks,
+        max_processes=options.otlp_max_processes,
         stack_attribute=options.otlp_stack_attribute,
         switches_profile=options.otlp_switches_profile,
         queue_size=options.otlp_queue_size,

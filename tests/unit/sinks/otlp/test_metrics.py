@@ -4,10 +4,14 @@ import random
 from collections import defaultdict
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import __version__
-from exporter.sinks.otlp.metrics import StackSelection
-from exporter.snapshot import Counter, Frame, FrameKind, Reason, Stack
+from exporter.sinks.otlp.metrics import OffcpuMetrics
+from exporter.sinks.prometheus.collector import OffCPUCollector
+from exporter.sinks.prometheus.selection import Selection
+from exporter.snapshot import Counter, Frame, FrameKind, ProcessInfo, ProcessKey, Reason, Snapshot, Stack
 from tests.support.otlp_metrics import points, resource_of
 from tests.support.otlp_receivers import GrpcReceiver, HttpReceiver
 from tests.support.otlp_sink import sink_from_args
@@ -20,40 +24,71 @@ def _stack(i: int) -> Stack:
     return Stack(user=(Frame(f"fn{i}", FrameKind.NATIVE, "/bin/x", i),), kernel=(Frame("schedule", FrameKind.KERNEL),))
 
 
-def test_stack_selection_is_exact_monotonic_and_bounded() -> None:
-    """Stacks appear, grow at changing rates and overtake each other; K = 3 of 8 get series."""
+def _prometheus_rows(snapshot: Snapshot, selection: Selection) -> dict[tuple[str, ...], float]:
+    reg = CollectorRegistry()
+    reg.register(OffCPUCollector(lambda: snapshot, lambda: [], selection, bcc="test"))
+    out = {}
+    for family in text_string_to_metric_families(generate_latest(reg).decode()):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name in ("offcpu_seconds_total", "offcpu_switches_total"):
+                out[(sample.name, labels["pid"], labels["reason"])] = sample.value
+            elif sample.name in ("offcpu_stack_seconds_total", "offcpu_stack_switches_total"):
+                out[(sample.name, labels["pid"], labels["stack_id"])] = sample.value
+    return out
+
+
+def _otlp_rows(metrics: OffcpuMetrics) -> dict[tuple[str, ...], float]:
+    rows = metrics.rows()
+    out = {}
+    for name, observations, key in (
+        ("offcpu_seconds_total", rows.process_time, "offcpu.reason"),
+        ("offcpu_switches_total", rows.process_switches, "offcpu.reason"),
+        ("offcpu_stack_seconds_total", rows.stack_time, "offcpu.stack_id"),
+        ("offcpu_stack_switches_total", rows.stack_switches, "offcpu.stack_id"),
+    ):
+        for o in observations:
+            pid = str(o.attributes.get("process.pid", "other"))
+            out[(name, pid, str(o.attributes[key]))] = o.value
+    return out
+
+
+def test_same_series_as_prometheus_over_a_changing_workload() -> None:
+    """Stacks appear, grow at changing rates and overtake each other; processes come and go, more
+    than --max-processes of them. Both outputs, each with its own Selection fed the same snapshots,
+    export the same series with the same values at every step, and every OTLP series only grows."""
     rng = random.Random(7)
-    k = 3
-    selection = StackSelection(k)
-    totals = {i: Counter() for i in range(8)}
-    previous: dict[str, Counter] = {}
+    procs = [ProcessInfo(key=ProcessKey(100 + i, i), comm=f"p{i}", exe=f"/usr/bin/p{i}") for i in range(5)]
+    totals: dict[tuple[int, int], Counter] = defaultdict(Counter)
+    current: list[Snapshot] = []
+    metrics = OffcpuMetrics(lambda: current[-1], top_stacks=3, max_processes=3)
+    prom_selection = Selection(max_processes=3, top_stacks=3)
+    previous: dict[tuple[str, ...], float] = {}
     for seq in range(1, 40):
-        live = range(min(8, 2 + seq // 3))  # new stacks keep appearing
-        increases = {i: Counter(rng.randint(0, 3), rng.randint(0, 10**9) * (i + 1)) for i in live}
-        for i, inc in increases.items():
-            totals[i] = totals[i] + inc
-        rows = snapshot_of(
-            [(APP, 0, "", Reason.SLEEPING, _stack(i), totals[i], increases[i]) for i in live], sequence=seq
-        )
-        out = selection.update(rows)[APP.key]
-        named = [r for r in out if r.stack is not None]
-        assert len(named) <= k
-        # exact: the series add up to the process total
-        assert sum((r.value for r in out), Counter()) == sum((totals[i] for i in live), Counter())
-        # monotonic: no series ever goes down
-        current = {(r.stack.stack_id if r.stack else "other"): r.value for r in out}
+        live_procs = procs[: min(5, 1 + seq // 4)]
+        rows = []
+        for p in live_procs:
+            for i in range(min(8, 2 + seq // 3)):
+                inc = Counter(rng.randint(0, 3), rng.randint(0, 10**9) * (i + 1) * rng.choice((1, 1, 5)))
+                totals[(p.pid, i)] = totals[(p.pid, i)] + inc
+                rows.append((p, 0, "", Reason.SLEEPING, _stack(i), totals[(p.pid, i)], inc))
+        current.append(snapshot_of(rows, sequence=seq))
+        otlp = _otlp_rows(metrics)
+        prom = _prometheus_rows(current[-1], prom_selection)
+        assert otlp.keys() == prom.keys()
+        for key, value in prom.items():
+            assert otlp[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
         for key, value in previous.items():
-            assert current[key].ns >= value.ns and current[key].count >= value.count, key
-        previous = current
-    assert len(previous) == k + 1
-
-
-def test_stack_selection_forgets_exited_processes() -> None:
-    selection = StackSelection(2)
-    selection.update(two_process_snapshot(sequence=1))
-    only_app = snapshot_of([(APP, 0, "", Reason.SLEEPING, _stack(1), Counter(1, 10), Counter(1, 10))])
-    assert set(selection.update(only_app)) == {APP.key}
-    assert set(selection._state) == {APP.key}
+            if key in otlp:
+                assert otlp[key] >= value - 1e-9, key
+        previous = otlp
+        # sum-exact: stacks of a process add up to the process
+        for pid in {k[1] for k in otlp}:
+            stacks = sum(v for k, v in otlp.items() if k[0] == "offcpu_stack_seconds_total" and k[1] == pid)
+            procs_s = sum(v for k, v in otlp.items() if k[0] == "offcpu_seconds_total" and k[1] == pid)
+            assert stacks == pytest.approx(procs_s, rel=1e-9)
+    assert any(k[1] == "other" for k in previous), "no process was folded"
+    assert any(k[2] == "other" and k[1] != "other" and v > 0 for k, v in previous.items()), "no stack was folded"
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
@@ -118,7 +153,8 @@ def test_metrics_carry_the_snapshot_totals(protocol: str, monkeypatch: pytest.Mo
 
     app_stacks = [dict(a) for a in by_name["offcpu.stack.time"] if dict(a)["process.pid"] == APP.pid]
     assert len(app_stacks) == 3  # top 2 + other
-    assert {a["offcpu.stack_id"] for a in app_stacks} >= {"other"}
+    other = next(a for a in app_stacks if a["offcpu.stack_id"] == "other")
+    assert other["offcpu.user_function"] == other["offcpu.kernel_function"] == "other"
     named = [a for a in app_stacks if a["offcpu.stack_id"] != "other"]
     assert {a["offcpu.user_function"] for a in named} == {"offcpu_sleep_ms", "offcpu_pipe_read"}
     assert {a["offcpu.kernel_function"] for a in named} == {"do_nanosleep", "pipe_read"}
