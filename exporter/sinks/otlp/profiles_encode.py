@@ -35,7 +35,7 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2 as pb
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from exporter import __version__
-from exporter.snapshot import Frame, FrameKind, ProcessInfo, ProcessKey, Snapshot, StackSample
+from exporter.snapshot import Frame, FrameKind, ProcessInfo, ProcessKey, Snapshot, Stack, StackSample
 
 __all__ = [
     "REASON_ATTRIBUTE",
@@ -121,8 +121,10 @@ class _Dictionary:
         self._attributes: dict[tuple[str, str, object], int] = {}
         self._functions: dict[str, int] = {}
         self._mappings: dict[tuple[str, str], int] = {}
-        self._locations: dict[tuple[Frame, str], int] = {}
+        self._locations: dict[tuple[str, str, int, str, str, bool], int] = {}
+        self._frame_types: dict[str, int] = {}
         self._stacks: dict[tuple[int, ...], int] = {}
+        self._stack_objects: dict[int, tuple[Stack, int]] = {}  # id(stack) -> (stack, index)
 
     def string(self, value: str) -> int:
         index = self._strings.get(value)
@@ -166,18 +168,33 @@ class _Dictionary:
         return index
 
     def location(self, frame: Frame, frame_type: str) -> int:
-        ident = (frame, frame_type)
+        # keyed by plain fields: hashing the frozen Frame would hash its enum in Python code
+        placeholder = frame.kind is FrameKind.PLACEHOLDER
+        ident = (frame.name, frame.module, frame.offset, frame.build_id, frame_type, placeholder)
         index = self._locations.get(ident)
         if index is None:
             index = len(self.proto.location_table)
-            placeholder = frame.kind is FrameKind.PLACEHOLDER
+            type_attr = self._frame_types.get(frame_type)
+            if type_attr is None:
+                type_attr = self._frame_types[frame_type] = self.attribute(FRAME_TYPE_ATTRIBUTE, frame_type)
             loc = self.proto.location_table.add(
                 mapping_index=0 if placeholder else self.mapping(frame.module, frame.build_id),
                 address=0 if placeholder else frame.offset,
-                attribute_indices=[self.attribute(FRAME_TYPE_ATTRIBUTE, frame_type)],
+                attribute_indices=(type_attr,),
             )
             loc.lines.add(function_index=self.function(frame.name))
             self._locations[ident] = index
+        return index
+
+    def stack_of(self, stack: Stack, jit: str) -> int:
+        """Stacks repeat across threads and reasons; the snapshot shares their objects."""
+        cached = self._stack_objects.get(id(stack))
+        if cached is not None and cached[0] is stack:
+            return cached[1]
+        kernel = tuple(self.location(f, "kernel") for f in stack.kernel)
+        user = tuple(self.location(f, _user_frame_type(f, jit)) for f in stack.user)
+        index = self.stack(kernel + user)  # leaf first: kernel leaf .. entry, then user leaf .. root
+        self._stack_objects[id(stack)] = (stack, index)
         return index
 
     def stack(self, locations: tuple[int, ...]) -> int:
@@ -189,18 +206,15 @@ class _Dictionary:
         return index
 
 
-def _frame_type(frame: Frame, kernel_half: bool, jit: str) -> str:
-    if kernel_half or frame.kind is FrameKind.KERNEL:
+def _user_frame_type(frame: Frame, jit: str) -> str:
+    """The kernel half is always "kernel"; in the user half a frame may still be one (vDSO
+    entry code symbolized from the kernel), JIT code, or native code and placeholders."""
+    kind = frame.kind
+    if kind is FrameKind.KERNEL:
         return "kernel"
-    if frame.kind is FrameKind.JIT:
+    if kind is FrameKind.JIT:
         return jit
     return "native"  # native code and user-half placeholders ([unknown], [lost stack])
-
-
-def _stack_index(d: _Dictionary, sample: StackSample, jit: str) -> int:
-    kernel = tuple(d.location(f, _frame_type(f, True, jit)) for f in sample.stack.kernel)
-    user = tuple(d.location(f, _frame_type(f, False, jit)) for f in sample.stack.user)
-    return d.stack(kernel + user)  # leaf first: kernel leaf .. entry, then user leaf .. root
 
 
 def _resource(info: ProcessInfo, options: EncodeOptions) -> Resource:
@@ -283,7 +297,7 @@ def encode_profiles(
                 if sample.thread_name:
                     attrs.append(d.attribute("thread.name", sample.thread_name))
             attrs.append(d.attribute(REASON_ATTRIBUTE, sample.reason.label))
-            ident = (_stack_index(d, sample, jit), tuple(sorted(attrs)))
+            ident = (d.stack_of(sample.stack, jit), tuple(sorted(attrs)))
             slot = merged.setdefault(ident, [0, 0])
             slot[0] += sample.increase.ns
             slot[1] += sample.increase.count
