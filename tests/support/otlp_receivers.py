@@ -7,6 +7,7 @@ code or HTTP status, optionally a retry hint) for the next N requests.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.server
 import socket
@@ -25,7 +26,7 @@ from opentelemetry.proto.collector.profiles.v1development import (
     profiles_service_pb2_grpc,
 )
 
-__all__ = ["Failure", "GrpcReceiver", "HttpReceiver", "Received", "free_port"]
+__all__ = ["Failure", "GrpcReceiver", "HttpReceiver", "Received", "TcpRelay", "free_port"]
 
 
 def free_port() -> int:
@@ -70,9 +71,7 @@ class Failure:
     partial_rejected: int = 0  # instead of failing: accept with a partial-success response
 
 
-class _Servicers(
-    profiles_service_pb2_grpc.ProfilesServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer
-):
+class _Servicers(profiles_service_pb2_grpc.ProfilesServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, owner: GrpcReceiver) -> None:
         self.owner = owner
 
@@ -81,9 +80,7 @@ class _Servicers(
             return
         if failure.retry_after is not None:
             info = RetryInfo(
-                retry_delay=Duration(
-                    seconds=int(failure.retry_after), nanos=int(failure.retry_after % 1 * 1e9)
-                )
+                retry_delay=Duration(seconds=int(failure.retry_after), nanos=int(failure.retry_after % 1 * 1e9))
             )
             context.set_trailing_metadata((("google.rpc.retryinfo-bin", info.SerializeToString()),))
         with self.owner.received.lock:
@@ -237,9 +234,7 @@ class HttpReceiver:
                     return
                 self._reply(200, response.SerializeToString(), "application/x-protobuf")
 
-            def _reply(
-                self, status: int, body: bytes, ctype: str, extra: dict[str, str] | None = None
-            ) -> None:
+            def _reply(self, status: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
@@ -250,9 +245,7 @@ class HttpReceiver:
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
         return self
 
@@ -267,3 +260,52 @@ class HttpReceiver:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class TcpRelay:
+    """A loopback TCP relay that records what the client sent: to look at the bytes on the wire
+    (e.g. whether gRPC messages are compressed), which the gRPC server API does not show."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.sent = bytearray()
+        self._lock = threading.Lock()
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(8)
+        self.port = int(self._listener.getsockname()[1])
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        self._listener.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, record: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if record:
+                    with self._lock:
+                        self.sent.extend(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterator
 
@@ -10,7 +11,7 @@ import grpc
 import pytest
 
 from tests.support.otlp_profiles import check_request, decode
-from tests.support.otlp_receivers import Failure, GrpcReceiver, HttpReceiver, free_port
+from tests.support.otlp_receivers import Failure, GrpcReceiver, HttpReceiver, TcpRelay, free_port
 from tests.support.otlp_sink import sink_from_args
 from tests.support.synthetic_snapshots import two_process_snapshot
 
@@ -177,3 +178,18 @@ def test_idle_snapshots_send_nothing(receiver: GrpcReceiver | HttpReceiver) -> N
     sink.publish(snapshot_of([(APP, 0, "", Reason.SLEEPING, STACK_SLEEP, Counter(3, 30), Counter())]))
     sink.close(2)
     assert receiver.received.profiles == [] and sink.stats.values() == {}
+
+
+@pytest.mark.parametrize(("compression", "gzipped"), [("gzip", True), ("none", False)])
+def test_grpc_messages_are_gzip_compressed_on_the_wire(compression: str, gzipped: bool) -> None:
+    with GrpcReceiver() as receiver:
+        relay = TcpRelay(receiver.port)
+        sink = sink_from_args(
+            ["--otlp-endpoint", relay.endpoint, "--no-otlp-metrics", "--otlp-compression", compression]
+        )
+        sink.publish(two_process_snapshot())
+        sink.close(5)
+        relay.close()
+        assert len(receiver.received.profiles) == 1
+    # a gRPC message: 1 byte compressed-flag, 4 bytes length, then (gzip) 1f 8b
+    assert bool(re.search(rb"\x01.{4}\x1f\x8b", bytes(relay.sent), re.DOTALL)) is gzipped
