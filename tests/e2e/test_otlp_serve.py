@@ -7,6 +7,8 @@ import time
 from collections import defaultdict
 
 import pytest
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.exporter import ExporterProcess
@@ -44,6 +46,27 @@ def _prometheus(text: str, name: str, pid: int) -> dict[tuple[tuple[str, str], .
         for sample in family.samples:
             if sample.name == name and sample.labels.get("pid") == str(pid):
                 out[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def _gnu_build_id(path: str) -> str:
+    with open(path, "rb") as f:
+        for section in ELFFile(f).iter_sections():
+            if isinstance(section, NoteSection):
+                for note in section.iter_notes():
+                    if note["n_type"] == "NT_GNU_BUILD_ID":
+                        return str(note["n_desc"])
+    raise AssertionError(f"{path} has no GNU build id")
+
+
+def _mapping_build_ids(request) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    d = request.dictionary
+    out = {}
+    for m in d.mapping_table[1:]:
+        for i in m.attribute_indices:
+            a = d.attribute_table[i]
+            if d.string_table[a.key_strindex] == "process.executable.build_id.gnu":
+                out[d.string_table[m.filename_strindex]] = a.value.string_value
     return out
 
 
@@ -108,7 +131,12 @@ def test_profiles_and_metrics_match_the_workload_and_metrics_page(protocol: str,
     assert sample.resource["service.name"] == NAME
     leaf_user = sample.functions.index("offcpu_sleep_ms")
     assert set(sample.frame_types[:leaf_user]) == {"kernel"} and sample.frame_types[leaf_user] == "native"
-    assert sample.mappings[leaf_user].endswith(NAME)
+    assert sample.mappings[leaf_user] == str(binary)
+    # the workload's mapping carries its real GNU build id (what a backend symbolizes with)
+    build_ids: dict[str, str] = {}
+    for r in got.profiles:
+        build_ids.update(_mapping_build_ids(r))
+    assert build_ids[str(binary)] == _gnu_build_id(str(binary))
 
     # metrics: the last export (at shutdown) carries the same totals as /metrics
     final = points(got.metrics[-1])

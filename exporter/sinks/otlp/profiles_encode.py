@@ -17,7 +17,8 @@ samples and processes without profiles, so an idle interval produces no request 
 
 Locations: ``address`` is the frame's offset in its mapped file (the mapping has memory_start 0 and
 file_offset 0, so the address *is* the file offset), the mapping carries the file name and
-``process.executable.build_id.gnu``; ``profile.frame.type`` is ``kernel``, ``native`` or, for JIT
+``process.executable.build_id.gnu`` (unresolved frames in a known file keep both, so a backend
+with debug files can still name them); ``profile.frame.type`` is ``kernel``, ``native`` or, for JIT
 frames named from a perf map, the runtime guessed from the executable name.
 """
 
@@ -168,8 +169,10 @@ class _Dictionary:
         return index
 
     def location(self, frame: Frame, frame_type: str) -> int:
-        # keyed by plain fields: hashing the frozen Frame would hash its enum in Python code
-        placeholder = frame.kind is FrameKind.PLACEHOLDER
+        # keyed by plain fields: hashing the frozen Frame would hash its enum in Python code.
+        # An unresolved frame in a known file ("[unknown] libfoo.so+0x1a2b") keeps its mapping and
+        # address, so that a backend with the debug file can still name it; a lost stack has neither.
+        placeholder = frame.kind is FrameKind.PLACEHOLDER and not frame.module
         ident = (frame.name, frame.module, frame.offset, frame.build_id, frame_type, placeholder)
         index = self._locations.get(ident)
         if index is None:

@@ -241,3 +241,18 @@ def test_golden() -> None:
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()
+
+
+def test_unresolved_frame_in_a_known_file_keeps_mapping_and_address() -> None:
+    from exporter.snapshot import Frame, FrameKind, Stack
+
+    unresolved = Frame("[unknown] libfoo.so+0x1a2b", FrameKind.PLACEHOLDER, "/opt/lib/libfoo.so", 0x1A2B, "beef" * 10)
+    stack = Stack(user=(unresolved,), kernel=STACK_LOCK.kernel)
+    request = _encode(snapshot_of([(APP, 0, "", Reason.SLEEPING, stack, Counter(1, 9), Counter(1, 9))]))
+    d = request.dictionary
+    loc = d.location_table[d.stack_table[1].location_indices[-1]]
+    mapping = d.mapping_table[loc.mapping_index]
+    assert loc.address == 0x1A2B and d.string_table[mapping.filename_strindex] == "/opt/lib/libfoo.so"
+    (attr,) = [d.attribute_table[i] for i in mapping.attribute_indices]
+    assert d.string_table[attr.key_strindex] == "process.executable.build_id.gnu"
+    assert attr.value.string_value == "beef" * 10
