@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
+import time
 from functools import partial
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -76,10 +77,14 @@ class OtlpSink:
             self._profiles.publish(snapshot)
 
     def close(self, timeout: float) -> None:
+        """Both signals within `timeout`: pending profiles first (they are lost otherwise), then the
+        final metrics export; profiles leave the metrics at least a quarter of the time."""
+        end = time.monotonic() + max(0.0, timeout)
         if self._profiles is not None:
-            self._profiles.close(timeout)
+            share = timeout * 0.75 if self._provider is not None else timeout
+            self._profiles.close(share)
         if self._provider is not None:
-            otlp_metrics.shutdown(self._provider, timeout)
+            otlp_metrics.shutdown(self._provider, max(0.1, end - time.monotonic()))
 
 
 def _profiles_client(config: OtlpConfig) -> ProfilesClient:

@@ -193,3 +193,19 @@ def test_grpc_messages_are_gzip_compressed_on_the_wire(compression: str, gzipped
         assert len(receiver.received.profiles) == 1
     # a gRPC message: 1 byte compressed-flag, 4 bytes length, then (gzip) 1f 8b
     assert bool(re.search(rb"\x01.{4}\x1f\x8b", bytes(relay.sent), re.DOTALL)) is gzipped
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_close_keeps_to_its_timeout_with_both_signals_and_no_collector(protocol: str) -> None:
+    port = free_port()
+    snap = two_process_snapshot()
+    sink = sink_from_args(
+        ["--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol", protocol, "--otlp-interval", "0.2"],
+        latest=lambda: snap,
+    )
+    sink.publish(snap)
+    time.sleep(0.5)  # a metrics export or two are failing by now
+    start = time.monotonic()
+    sink.close(2.0)
+    assert time.monotonic() - start < 3.0
+    assert sink.stats.get("dropped") == 1 and sink.stats.get("sent") == 0
