@@ -1,8 +1,8 @@
-"""Hand-made snapshots with known figures, for encoder and sink tests that need no kernel."""
+"""Hand-built snapshots with known stacks and increases, for encoder and transport tests."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from types import MappingProxyType
 
 from exporter.snapshot import (
@@ -19,117 +19,78 @@ from exporter.snapshot import (
     StackSample,
 )
 
-__all__ = ["APP", "DB", "STACK_LOCK", "STACK_PIPE", "STACK_SLEEP", "snapshot_of", "two_process_snapshot"]
-
-APP = ProcessInfo(
-    key=ProcessKey(4242, 1000),
-    comm="app",
-    exe="/usr/bin/app",
-    cmdline=("/usr/bin/app", "--serve"),
-    container_id="c0ffee" * 10 + "abcd",
-    namespace="shop",
-    pod="app-7d9f",
-    pod_uid="0b9c-uid",
-    container="app",
-)
-DB = ProcessInfo(key=ProcessKey(777, 2000), comm="node", exe="/usr/bin/node")
-
-_SCHED = (
-    Frame("finish_task_switch.isra.0", FrameKind.KERNEL, "[kernel]", 0x10),
-    Frame("__schedule", FrameKind.KERNEL, "[kernel]", 0x20),
-    Frame("schedule", FrameKind.KERNEL, "[kernel]", 0x30),
-)
-_LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
-_BUILD_ID = "0123456789abcdef0123456789abcdef01234567"
-
-STACK_SLEEP = Stack(
-    user=(
-        Frame("offcpu_sleep_ms", FrameKind.NATIVE, "/usr/bin/app", 0x1130, "feedface" * 5),
-        Frame("main", FrameKind.NATIVE, "/usr/bin/app", 0x1200, "feedface" * 5),
-        Frame("__libc_start_call_main", FrameKind.NATIVE, _LIBC, 0x271CA, _BUILD_ID),
-    ),
-    kernel=(
-        *_SCHED,
-        Frame("do_nanosleep", FrameKind.KERNEL, "[kernel]", 0x40),
-        Frame("entry_SYSCALL_64_after_hwframe", FrameKind.KERNEL, "[kernel]", 0x50),
-    ),
-)
-STACK_PIPE = Stack(
-    user=(
-        Frame("offcpu_pipe_read", FrameKind.NATIVE, "/usr/bin/app", 0x1180, "feedface" * 5),
-        Frame("main", FrameKind.NATIVE, "/usr/bin/app", 0x1200, "feedface" * 5),
-    ),
-    kernel=(*_SCHED, Frame("pipe_read", FrameKind.KERNEL, "[kernel]", 0x60)),
-)
-STACK_LOCK = Stack(
-    user=(Frame("[unknown] libfoo.so+0x1a2b", FrameKind.PLACEHOLDER),),
-    kernel=(*_SCHED, Frame("futex_wait", FrameKind.KERNEL, "[kernel]", 0x70)),
-)
-STACK_JIT = Stack(
-    user=(
-        Frame("LazyCompile:*handler /srv/app.js:10", FrameKind.JIT, "/tmp/perf-777.map", 0),
-        Frame("uv_run", FrameKind.NATIVE, "/usr/bin/node", 0x5000),
-    ),
-    kernel=(*_SCHED, Frame("ep_poll", FrameKind.KERNEL, "[kernel]", 0x80)),
-)
+SEC = 1_000_000_000
+T0 = 1_700_000_000 * SEC  # wall clock of the probe start in these snapshots
 
 
-def snapshot_of(
-    rows: Iterable[tuple[ProcessInfo, int, str, Reason, Stack, Counter, Counter]],
-    sequence: int = 3,
-    time_ns: int = 1_700_000_015_000_000_000,
-    interval_ns: int = 5_000_000_000,
-) -> Snapshot:
-    """rows: (process, tid, thread name, reason, stack, total, increase). Process views are the sums."""
-    samples = []
-    views: dict[ProcessKey, tuple[ProcessInfo, dict[Reason, Counter]]] = {}
-    for info, tid, tname, reason, stack, total, increase in rows:
-        samples.append(StackSample(info.key, tid, tname, reason, stack, total, increase))
-        _, by_reason = views.setdefault(info.key, (info, {}))
-        by_reason[reason] = by_reason.get(reason, Counter()) + total
-    processes = {
-        key: ProcessView(info, sum(by_reason.values(), Counter()), MappingProxyType(by_reason))
-        for key, (info, by_reason) in views.items()
-    }
-    return Snapshot(
-        sequence=sequence,
-        time_ns=time_ns,
-        interval_start_ns=time_ns - interval_ns,
-        start_time_ns=time_ns - sequence * interval_ns,
-        processes=MappingProxyType(processes),
-        samples=tuple(samples),
-        health=Health(flushes=sequence),
+def kernel(*names: str) -> tuple[Frame, ...]:
+    return tuple(Frame(n, FrameKind.KERNEL, "[kernel]") for n in names)
+
+
+def user(*names: str, module: str = "/usr/bin/app") -> tuple[Frame, ...]:
+    return tuple(Frame(n, FrameKind.NATIVE, module) for n in names)
+
+
+def placeholder(name: str) -> tuple[Frame, ...]:
+    return (Frame(name, FrameKind.PLACEHOLDER),)
+
+
+SLEEP = Stack(
+    user=user("offcpu_sleep_ms", "main", "__libc_start_main"),
+    kernel=kernel("finish_task_switch.isra.0", "__schedule", "schedule", "do_nanosleep", "hrtimer_nanosleep"),
+)
+PIPE = Stack(
+    user=user("offcpu_pipe_read", "main"),
+    kernel=kernel("finish_task_switch.isra.0", "__schedule", "schedule", "pipe_read", "vfs_read"),
+)
+LOST_USER = Stack(user=placeholder("[lost stack: user, -EFAULT]"), kernel=kernel("finish_task_switch", "futex_wait"))
+KERNEL_ONLY = Stack(user=(), kernel=kernel("finish_task_switch", "worker_thread", "kthread"))
+EMPTY = Stack(user=(), kernel=())
+
+
+def process(pid: int, comm: str = "app", start_ticks: int = 100, cmdline: Sequence[str] = ()) -> ProcessInfo:
+    return ProcessInfo(
+        key=ProcessKey(pid, start_ticks), comm=comm, exe=f"/usr/bin/{comm}", cmdline=tuple(cmdline) or (comm,)
     )
 
 
-def two_process_snapshot(sequence: int = 3, scale: int = 1, time_ns: int = 1_700_000_015_000_000_000) -> Snapshot:
-    """APP: sleep 300 ms (3 switches) on tid 4243, pipe 200 ms (4) on tid 4244, an unknown-user-frame
-    futex wait 50 ms (1) per process; DB (node): a JIT stack, 120 ms (6), per process (tid 0)."""
-    c = Counter
-    return snapshot_of(
-        [
-            (
-                APP,
-                4243,
-                "worker-1",
-                Reason.SLEEPING,
-                STACK_SLEEP,
-                c(30 * scale, 3_000_000_000 * scale),
-                c(3 * scale, 300_000_000 * scale),
-            ),
-            (
-                APP,
-                4244,
-                "worker-2",
-                Reason.SLEEPING,
-                STACK_PIPE,
-                c(40 * scale, 2_000_000_000 * scale),
-                c(4 * scale, 200_000_000 * scale),
-            ),
-            (APP, 0, "", Reason.SLEEPING, STACK_LOCK, c(10, 500_000_000), c(1, 50_000_000)),
-            (APP, 4244, "worker-2", Reason.RUNNABLE, STACK_PIPE, c(5, 5_000_000), c(0, 0)),  # idle row
-            (DB, 0, "", Reason.SLEEPING, STACK_JIT, c(60, 1_200_000_000), c(6, 120_000_000)),
-        ],
+def sample(
+    info: ProcessInfo,
+    stack: Stack,
+    count: int,
+    ns: int,
+    tid: int = 0,
+    reason: Reason = Reason.SLEEPING,
+    total: Counter | None = None,
+) -> StackSample:
+    increase = Counter(count, ns)
+    return StackSample(info.key, tid or info.pid, info.comm, reason, stack, total or increase, increase)
+
+
+def snapshot(
+    samples: Sequence[StackSample],
+    processes: Sequence[ProcessInfo],
+    sequence: int = 1,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    interval_s: float = 5.0,
+) -> Snapshot:
+    """Snapshot number `sequence` of a 5 s flush cadence from T0 (or the given interval)."""
+    if start_ns is None:
+        start_ns = T0 + int((sequence - 1) * interval_s * SEC)
+    if end_ns is None:
+        end_ns = start_ns + int(interval_s * SEC)
+    views = {}
+    for info in processes:
+        own = [s for s in samples if s.process == info.key]
+        total = sum((s.total for s in own), Counter())
+        views[info.key] = ProcessView(info, total, MappingProxyType({}))
+    return Snapshot(
         sequence=sequence,
-        time_ns=time_ns,
+        time_ns=end_ns,
+        interval_start_ns=start_ns,
+        start_time_ns=T0,
+        processes=MappingProxyType(views),
+        samples=tuple(samples),
+        health=Health(),
     )
