@@ -95,9 +95,13 @@ class _BadEnvironment:
 
     name: str
     raw: str
+    problem: str = "is not a positive number of milliseconds"
+
+    def __str__(self) -> str:  # what --help shows as the default
+        return f"invalid {self.name}"
 
     def error(self) -> ValueError:
-        return ValueError(f"{self.name}={self.raw!r} is not a positive number of milliseconds")
+        return ValueError(f"{self.name}={self.raw!r} {self.problem}")
 
 
 def _milliseconds_env(name: str, default_seconds: float, environ: Mapping[str, str]) -> float | _BadEnvironment:
@@ -148,9 +152,12 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         "(http/protobuf); a bare host:port means TLS unless --otlp-insecure "
         "[OTEL_EXPORTER_OTLP_ENDPOINT]",
     )
-    protocol_default = env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip() or "grpc"
-    if protocol_default not in PROTOCOLS:
-        protocol_default = "grpc"  # e.g. http/json: not supported, say so only if asked explicitly
+    raw_protocol = env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip() or "grpc"
+    protocol_default: str | _BadEnvironment = (
+        raw_protocol
+        if raw_protocol in PROTOCOLS
+        else _BadEnvironment("OTEL_EXPORTER_OTLP_PROTOCOL", raw_protocol, f"is not one of {', '.join(PROTOCOLS)}")
+    )
     group.add_argument(
         "--otlp-protocol",
         choices=PROTOCOLS,
@@ -178,11 +185,16 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         default=_milliseconds_env("OTEL_EXPORTER_OTLP_TIMEOUT", 10.0, env),
         help="timeout of one export attempt (default: %(default)s) [OTEL_EXPORTER_OTLP_TIMEOUT, in ms]",
     )
-    compression_default = env.get("OTEL_EXPORTER_OTLP_COMPRESSION", "").strip().lower() or "gzip"
+    raw_compression = env.get("OTEL_EXPORTER_OTLP_COMPRESSION", "").strip().lower() or "gzip"
+    compression_default: str | _BadEnvironment = (
+        raw_compression
+        if raw_compression in ("gzip", "none")
+        else _BadEnvironment("OTEL_EXPORTER_OTLP_COMPRESSION", raw_compression, "is not gzip or none")
+    )
     group.add_argument(
         "--otlp-compression",
         choices=("gzip", "none"),
-        default=compression_default if compression_default in ("gzip", "none") else "gzip",
+        default=compression_default,
         help="(default: %(default)s) [OTEL_EXPORTER_OTLP_COMPRESSION]",
     )
     group.add_argument(
@@ -311,9 +323,21 @@ def _signal_endpoint(
     return SignalEndpoint(f"{scheme}://{host_port}{full_path}", effective_insecure)
 
 
+def _any_endpoint_env(env: Mapping[str, str]) -> bool:
+    names = (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    )
+    return any(env.get(n, "").strip() for n in names)
+
+
 def resolve(options: argparse.Namespace, environ: Mapping[str, str] | None = None) -> OtlpConfig | None:
     """The sink's configuration, or None when it is off. Raises ValueError on contradictory input."""
     env = os.environ if environ is None else environ
+    for value in (options.otlp_protocol, options.otlp_compression, options.otlp_timeout, options.otlp_interval):
+        if isinstance(value, _BadEnvironment) and (options.otlp_endpoint or _any_endpoint_env(env)):
+            raise value.error()
     protocol = options.otlp_protocol
     profiles = (
         _signal_endpoint("profiles", protocol, options.otlp_endpoint, options.otlp_insecure, env)
@@ -327,9 +351,6 @@ def resolve(options: argparse.Namespace, environ: Mapping[str, str] | None = Non
     )
     if profiles is None and metrics is None:
         return None
-    for value in (options.otlp_timeout, options.otlp_interval):
-        if isinstance(value, _BadEnvironment):
-            raise value.error()
     raw_headers = options.otlp_headers or ""
     headers = dict(parse_env_headers(raw_headers, liberal=True)) if raw_headers.strip() else {}
     for name in headers:

@@ -1,4 +1,4 @@
-"""The collector is down for 20 s, then comes back: delivery resumes by itself, memory stays bounded,
+"""The collector is down for a while, then comes back: delivery resumes by itself, memory stays bounded,
 what could not be delivered is counted, and what arrives afterwards is exact.
 
 Snapshots are published at a 0.5 s cadence (as the pipeline would at --flush-interval 0.5) with
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 FLUSH = 0.5
 BASE_NS = 1_800_000_000_000_000_000
-DOWN_FOR = 20.0
+DOWN_FOR = 10.0  # the real-exporter test (tests/e2e/test_otlp_serve.py) sits out 20 s
 
 
 def _snapshot(seq: int):  # type: ignore[no-untyped-def]
@@ -40,7 +40,7 @@ def _seq_of(request) -> int:  # type: ignore[no-untyped-def]
     return (p.time_unix_nano + p.duration_nano - BASE_NS) // 5_000_000_000
 
 
-def test_collector_down_for_20_seconds_then_back() -> None:
+def test_collector_down_then_back() -> None:
     receiver = GrpcReceiver().start()
     published: list[int] = []
     latest = [_snapshot(1)]

@@ -98,6 +98,17 @@ def test_bad_environment_value_is_an_error_only_when_the_sink_is_on() -> None:
         config_from_args(["--otlp-endpoint", "http://c:4317"], {"OTEL_EXPORTER_OTLP_TIMEOUT": "ten"})
     with pytest.raises(ValueError, match="OTEL_METRIC_EXPORT_INTERVAL"):
         config_from_args(["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "-5"})
+    with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_PROTOCOL='http/json' is not one of"):
+        config_from_args(
+            [], {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}
+        )
+    with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_COMPRESSION"):
+        config_from_args(["--otlp-endpoint", "http://c:4317"], {"OTEL_EXPORTER_OTLP_COMPRESSION": "deflate"})
+    # the flag replaces a bad environment value
+    cfg = config_from_args(
+        ["--otlp-endpoint", "http://c:4317", "--otlp-protocol", "grpc"], {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}
+    )
+    assert cfg is not None and cfg.protocol == "grpc"
 
 
 def test_create_reports_contradictions_as_startup_errors() -> None:
