@@ -33,6 +33,7 @@ log = logging.getLogger("exporter")
 # Output modules plugged into `serve` (see exporter/sinks/__init__.py).
 SINK_MODULES: tuple[str, ...] = (
     "exporter.sinks.prometheus",
+    "exporter.sinks.otlp",
     "exporter.sinks.skywalking",
     "exporter.sinks.pprof",
 )
