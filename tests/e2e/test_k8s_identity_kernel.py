@@ -3,6 +3,7 @@ hierarchies reads back the container id and pod UID from its real /proc/PID/cgro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
@@ -41,15 +42,11 @@ def _move(proc: subprocess.Popen[bytes], root: Path, relative: str) -> Path:
 
 def _cleanup(root: Path, top: str, proc: subprocess.Popen[bytes]) -> None:
     # Move the process back to the root, then remove the cgroups leaf first.
-    try:
+    with contextlib.suppress(OSError):
         (root / "cgroup.procs").write_text(str(proc.pid))
-    except OSError:
-        pass
     for path in sorted((root / top).glob("**/"), key=lambda p: len(p.parts), reverse=True):
-        try:
+        with contextlib.suppress(OSError):
             path.rmdir()
-        except OSError:
-            pass
 
 
 def test_cgroup_v2_systemd_containerd_shape(sleeper: subprocess.Popen[bytes]) -> None:
@@ -81,3 +78,54 @@ def test_cgroup_v1_cgroupfs_shape(sleeper: subprocess.Popen[bytes]) -> None:
         assert identify(sleeper.pid) == ContainerIdentity(cid, pod_uid, "")
     finally:
         _cleanup(root, top, sleeper)
+
+
+def test_record_selects_a_container_by_id(tmp_path: Path) -> None:
+    """The real exporter (record mode, real probe) watches only the process in the container it is told."""
+    import sys
+    import time
+
+    from tests.support.workloads import Workload
+
+    root = _mount_of("cgroup2")
+    assert root is not None, "no cgroup2 mount"
+    cid = uuid.uuid4().hex + uuid.uuid4().hex
+    pod_uid = str(uuid.uuid4())
+    top = f"kubepods-test-{os.getpid()}-rec.slice"
+    relative = f"{top}/kubepods-pod{pod_uid.replace('-', '_')}.slice/crio-{cid}.scope"
+    out = tmp_path / "out.folded"
+    with Workload("sleep", iterations=40, interval_ms=25) as inside, \
+            Workload("pipe", iterations=40, interval_ms=25) as outside:
+        try:
+            _move(inside.proc, root, relative)  # type: ignore[arg-type]
+            record = subprocess.Popen(
+                [sys.executable, "-m", "exporter", "record", "--container", cid[:12], "--duration", "6",
+                 "--format", "folded", "-o", str(out), "--kubernetes-metadata", "off", "--targets-interval", "0.2"],
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                stderr=subprocess.PIPE, text=True,
+            )
+            assert record.stderr is not None
+            log = []
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # until the probe is attached and the target found
+                line = record.stderr.readline()
+                log.append(line)
+                if "watching 1 new process" in line or not line:
+                    break
+            assert f"[{inside.pid}]" in log[-1], "".join(log)
+            inside.go()
+            outside.go()
+            known = inside.wait(30)
+            outside.wait(30)
+            rest = record.communicate(timeout=60)[1]
+            assert record.returncode == 0, "".join(log) + rest
+            assert "watching" not in rest, rest  # nothing else was picked up
+        finally:
+            _cleanup(root, top, inside.proc)  # type: ignore[arg-type]
+    folded = out.read_text()
+    # Told apart by their kernel wait functions (both workloads have the same comm and binary).
+    assert "do_nanosleep" in folded
+    assert "pipe_read" not in folded and "pipe_write" not in folded
+    sleep_us = sum(int(line.rsplit(" ", 1)[1]) for line in folded.splitlines() if "do_nanosleep" in line)
+    # The whole run fell inside the recording: the time matches the workload's own measure.
+    assert abs(sleep_us * 1000 - known.blocked_ns) <= 0.05 * known.blocked_ns, (sleep_us, known.blocked_ns)
