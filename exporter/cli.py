@@ -238,7 +238,8 @@ def _kubernetes(options: argparse.Namespace):  # type: ignore[no-untyped-def]
     if options.kubernetes_metadata == "off":
         metadata = PodMetadata.disabled()
     else:
-        metadata = PodMetadata.from_environment(refresh_seconds=options.kubernetes_refresh_interval)
+        metadata = PodMetadata.from_environment(service_account_dir=options.kubernetes_service_account_dir,
+                                                refresh_seconds=options.kubernetes_refresh_interval)
     selector = WorkloadSelector.from_options(options, metadata)
     if selector.needs_api and not metadata.enabled:
         raise StartupError("--namespace, --pod-label and --container NAME need the Kubernetes API (a pod with "

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from exporter.k8s.cgroup import ContainerIdentity
-from exporter.k8s.metadata import PodMetadata
+from exporter.k8s.metadata import SERVICE_ACCOUNT_DIR, PodMetadata
 
 __all__ = ["WorkloadSelector", "add_arguments", "parse_label"]
 
@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kubernetes-refresh-interval", type=_positive_seconds, default=30.0,
                        metavar="SECONDS",
                        help="how often the pods of this node are listed (default: %(default)s)")
+    group.add_argument("--kubernetes-service-account-dir", default=SERVICE_ACCOUNT_DIR, metavar="DIR",
+                       help="where the service account's token and ca.crt are (default: %(default)s)")
 
 
 def _positive_seconds(text: str) -> float:

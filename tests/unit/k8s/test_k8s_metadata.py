@@ -3,26 +3,19 @@
 
 from __future__ import annotations
 
-import json
-import ssl
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from exporter.k8s.cgroup import ContainerIdentity, parse_cgroup
 from exporter.k8s.metadata import PodMetadata, WorkloadNames, build_index
 from exporter.k8s.selection import WorkloadSelector
+from tests.support.kubernetes_api import NODE, FakeApi, authorized, pod
 
-NODE = "node-a"
-TOKEN = "test-token-1"
 CID_WEB = "40c03570b6f4c30bc8d69923d37ee698f5cfcced92c7b7df1c47f6f7887378a9"
 CID_SIDECAR = "f33f47b0db740bb647cb3e7ac62d96c74966dbb99cbfaf4563bfd42d387e8b44"
 CID_ETCD = "0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e"
@@ -30,18 +23,6 @@ CID_NEW = "1f2e3d4c5b6a79881f2e3d4c5b6a79881f2e3d4c5b6a79881f2e3d4c5b6a7988"
 UID_WEB = "dde1244b-5bb5-4297-b544-85f3bc0d80bf"
 UID_NEW = "6e0b1a2c-3d4e-4f5a-8b6c-7d8e9f0a1b2c"
 STATIC_HASH = "b53dfa9e2dc9b890f7fadb2770857b03"
-
-
-def pod(uid: str, namespace: str, name: str, containers: dict[str, str], labels: dict[str, str] | None = None,
-        annotations: dict[str, str] | None = None, runtime: str = "containerd") -> dict[str, Any]:
-    return {
-        "metadata": {"uid": uid, "namespace": namespace, "name": name, "labels": labels or {},
-                     "annotations": annotations or {}},
-        "spec": {"nodeName": NODE},
-        "status": {"containerStatuses": [
-            {"name": n, "containerID": f"{runtime}://{cid}"} for cid, n in containers.items()
-        ]},
-    }
 
 
 PODS = [
@@ -53,75 +34,9 @@ PODS = [
 ]
 
 
-def authorized(header: str | None) -> bool:
-    # The auth scheme is case-insensitive (RFC 9110 11.1); the client sends "bearer <token>".
-    scheme, _, token = (header or "").partition(" ")
-    return scheme.lower() == "bearer" and token == TOKEN
-
-
-class FakeApi:
-    def __init__(self, tmp: Path) -> None:
-        self.pods = list(PODS)
-        self.requests: list[dict[str, Any]] = []
-        self.fail = False
-        cert, key = tmp / "server.crt", tmp / "server.key"
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-             "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-             "-keyout", str(key), "-out", str(cert)],
-            check=True, capture_output=True, timeout=60,
-        )
-        self.service_account = tmp / "serviceaccount"
-        self.service_account.mkdir()
-        (self.service_account / "token").write_text(TOKEN)
-        (self.service_account / "ca.crt").write_bytes(cert.read_bytes())
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                url = urlsplit(self.path)
-                api.requests.append({"path": url.path, "query": parse_qs(url.query),
-                                     "authorization": self.headers.get("Authorization")})
-                if api.fail:
-                    self.send_error(503)
-                    return
-                if url.path != "/api/v1/pods":
-                    self.send_error(404)
-                    return
-                if not authorized(self.headers.get("Authorization")):
-                    self.send_error(401)
-                    return
-                body = json.dumps({"kind": "PodList", "apiVersion": "v1",
-                                   "metadata": {"resourceVersion": "1"}, "items": api.pods}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert, key)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def environ(self) -> dict[str, str]:
-        return {"KUBERNETES_SERVICE_HOST": "127.0.0.1",
-                "KUBERNETES_SERVICE_PORT": str(self.server.server_address[1]), "NODE_NAME": NODE}
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[FakeApi]:
-    fake = FakeApi(tmp_path)
+    fake = FakeApi(tmp_path, PODS)
     yield fake
     fake.close()
 
