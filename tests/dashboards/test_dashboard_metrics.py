@@ -37,3 +37,18 @@ def test_variables_cover_instance_namespace_pod_process_and_datasources() -> Non
     for panel in load()["panels"]:
         if panel["type"] not in ("row", "flamegraph"):
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_every_metric_is_declared_by_the_prometheus_sink() -> None:
+    # The sink's collector (exporter/sinks/prometheus) declares its families up front (describe()):
+    # the dashboard's metrics are among them, with the exposition's names (_total on counters).
+    from exporter.sinks.prometheus.collector import OffCPUCollector
+    from exporter.sinks.prometheus.selection import Selection
+    from exporter.snapshot import Snapshot
+
+    collector = OffCPUCollector(lambda: Snapshot.empty(), lambda: [], Selection(), bcc="x")
+    exposed = {m.name + ("_total" if m.type == "counter" else "") for m in collector.describe()}
+    used = {base_name(n) for q in queries(load()) for n in metric_names(q.expr)}
+    assert used <= exposed, sorted(used - exposed)
+    # And the sink exports exactly the names fixed for every output.
+    assert exposed == FIXED_METRICS
