@@ -171,6 +171,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             parser.error("--min-block is larger than --max-block")
         if options.all and (options.pid or options.comm or options.cmdline):
             parser.error("--all watches everything: do not combine it with --pid/--comm/--cmdline")
+        if options.all and _extra_selectors(options):
+            parser.error("--all watches everything: do not combine it with --namespace/--pod-label/--container")
         has_target = options.all or options.pid or options.comm or options.cmdline
         if not has_target and not _extra_selectors(options):
             if options.command == "record":

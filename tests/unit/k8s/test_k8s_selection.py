@@ -58,3 +58,25 @@ def test_without_the_api_names_select_nothing() -> None:
     # --namespace with no API: nothing matches (and nothing fails) until names are known.
     selector = WorkloadSelector.create(PodMetadata.disabled(), namespaces=["shop"], containers=["web"])
     assert not selector.matches(ContainerIdentity("a" * 64, "dde1244b-5bb5-4297-b544-85f3bc0d80bf", ""))
+
+
+def test_cli_refuses_all_with_kubernetes_selectors(capsys: pytest.CaptureFixture[str]) -> None:
+    from exporter import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.parse_args(["serve", "--all", "--namespace", "shop"])
+    assert exited.value.code == 2
+    assert "--all" in capsys.readouterr().err
+
+
+def test_cli_names_need_the_api_outside_a_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    from exporter import cli
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    options = cli.parse_args(["record", "--namespace", "shop", "--duration", "1"])
+    with pytest.raises(cli.StartupError, match="Kubernetes API"):
+        cli._kubernetes(options)
+    # A container id works without it.
+    options = cli.parse_args(["record", "--container", "0123456789abcdef", "--duration", "1"])
+    enrich, predicate = cli._kubernetes(options)
+    assert predicate is not None and callable(enrich)
