@@ -4,6 +4,7 @@ with default values, with every optional feature on, and with the privileged fal
 
 from __future__ import annotations
 
+import base64
 import importlib
 import importlib.util
 import json
@@ -35,7 +36,8 @@ ALL_ON: dict[str, Any] = {
     "skywalking": {"endpoint": "oap.skywalking:11800", "tls": True, "agent": True},
     "web": {"tls": {"enabled": True, "secretName": "offcpu-exporter-tls"},
             "basicAuth": {"enabled": True, "scrapeSecret": "offcpu-exporter-scrape",
-                          "users": {"prometheus": "$2y$10$X0h1gDsPszWURQaxFh.zoubFi6DXncSjhoQNJgRjnGs7idHxc8k8."}}},
+                          # bcrypt of "scrape-password"
+                          "users": {"prometheus": "$2b$10$bY3lJHviw/qnEBuKsyYWde/e00qhbI9gsnbj51abveXhBRUU0e3M2"}}},
     "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
     "podMonitor": {"enabled": True},
     "dashboards": {"enabled": True, "namespace": "grafana", "annotations": {"grafana_folder": "Profiling"}},
@@ -183,6 +185,28 @@ def test_all_on_wiring() -> None:
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1" and cm["metadata"]["namespace"] == "grafana"
     assert json.loads(cm["data"]["offcpu-exporter.json"]) == json.loads(
         (ROOT / "dashboards" / "offcpu-exporter.json").read_text())
+
+
+def test_the_exporter_loads_the_chart_web_config(tmp_path: Path) -> None:
+    # The exporter's own web-config loader reads what the chart writes; the TLS files it names are the
+    # mounted Secret's, made here with openssl and put where the config says (under tmp_path).
+    from exporter.web.auth import BasicAuth
+    from exporter.web.config import load_web_config
+
+    text = one(render(ALL_ON), "Secret")["stringData"]["web-config.yml"]
+    tls_dir = tmp_path / "etc" / "offcpu-exporter" / "tls"
+    tls_dir.mkdir(parents=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=oe",
+                    "-keyout", str(tls_dir / "tls.key"), "-out", str(tls_dir / "tls.crt")],
+                   check=True, capture_output=True, timeout=60)
+    config_file = tmp_path / "web-config.yml"
+    config_file.write_text(text.replace("/etc/offcpu-exporter/tls/", f"{tls_dir}/"))
+    config = load_web_config(config_file)
+    assert config.tls is not None and config.tls.cert_file == tls_dir / "tls.crt"
+    auth = BasicAuth(config.users)
+    good = "Basic " + base64.b64encode(b"prometheus:scrape-password").decode()
+    bad = "Basic " + base64.b64encode(b"prometheus:wrong").decode()
+    assert auth.check(good) and not auth.check(bad)
 
 
 def test_existing_web_config_and_no_api() -> None:
