@@ -52,3 +52,21 @@ def test_every_metric_is_declared_by_the_prometheus_sink() -> None:
     assert used <= exposed, sorted(used - exposed)
     # And the sink exports exactly the names fixed for every output.
     assert exposed == FIXED_METRICS
+
+
+def test_layout_has_no_overlapping_panels() -> None:
+    # Grafana pushes overlapping panels down on load, silently changing the layout; keep it exact.
+    # (Panels of a collapsed row take their place only when it is expanded: checked on their own.)
+    dashboard = load()
+    groups = [list(dashboard["panels"])] + [p["panels"] for p in dashboard["panels"] if p.get("panels")]
+    for group in groups:
+        cells: dict[tuple[int, int], str] = {}
+        for panel in group:
+            g = panel["gridPos"]
+            assert g["x"] >= 0 and g["w"] > 0 and g["x"] + g["w"] <= 24, panel["title"]
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[(x, y)]!r}"
+                    cells[(x, y)] = panel["title"]
+    ids = [p["id"] for group in groups for p in group]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
