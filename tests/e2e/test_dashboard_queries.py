@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_prometheus_server import PrometheusServer
+from tests.e2e.prometheus_server import PrometheusServer, scrape_config
 from tests.support.exporter import ExporterProcess
 from tests.support.grafana_dashboard import base_name, load, metric_names, queries, substitute
 from tests.support.kubernetes_api import NODE, FakeApi, pod
@@ -125,7 +125,7 @@ def test_every_dashboard_query_returns_data(tmp_path: Path, pod_cgroup: Path) ->
             args = ["--pid", str(web.pid), "--pid", str(piper.pid), "--pid", str(locker.pid),
                     "--flush-interval", "0.5", "--kubernetes-service-account-dir", str(api.service_account)]
             with ExporterProcess(args, env=api.environ) as exporter:
-                prom = PrometheusServer(tmp_path, f"127.0.0.1:{exporter.port}")
+                prom = PrometheusServer(tmp_path, scrape_config("offcpu", f"127.0.0.1:{exporter.port}"))
                 try:
                     prom.wait_target_up()
                     for w in (web, piper, locker):
