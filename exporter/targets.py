@@ -164,8 +164,10 @@ class ProcessTable:
                 exited.append(self._retire(pid, now))
                 if pid in self._pinned:
                     log.warning("target pid %d exited", pid)
-            elif (entry.info.container_id or entry.info.pod_uid) and not entry.info.pod:
-                # Pod names arrive once the pod list has caught up with a new pod (exporter/k8s).
+            elif not entry.info.pod:
+                # Pod names arrive once the pod list has caught up with a new pod, and a process seen
+                # while its runtime was still moving it into the container's cgroup gets its container
+                # (exporter/k8s; cheap when nothing changed).
                 entry.info = self.enrich(entry.info)
         if self.rules.scans:
             for name in os.listdir(self.proc_root):
@@ -260,19 +262,29 @@ class ProcessTable:
 # -- Kubernetes identity (exporter/k8s): fills ProcessInfo's container and pod fields ---------------
 
 
-def kubernetes_enricher(metadata: PodMetadata, proc_root: str = "/proc",
-                        cache_size: int = 65536) -> Callable[[ProcessInfo], ProcessInfo]:
+# A container runtime forks the container's first process and moves it into the container's cgroup
+# a few milliseconds later (runc: `runc init` waits until its parent has applied the cgroup): a process
+# younger than this that is not in a container yet is looked at again.
+SETTLE_SECONDS = 5.0
+
+
+def kubernetes_enricher(metadata: PodMetadata, proc_root: str = "/proc", cache_size: int = 65536,
+                        since_boot: Callable[[], float] | None = None) -> Callable[[ProcessInfo], ProcessInfo]:
     """ProcessTable's `enrich`: container id and pod UID from /proc/PID/cgroup (read once per process
     identity, since every scan passes every unmatched process through here), names from the API."""
     identities: dict[ProcessKey, ContainerIdentity] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    boot_clock = since_boot or (lambda: time.clock_gettime(time.CLOCK_BOOTTIME))
 
     def enrich(info: ProcessInfo) -> ProcessInfo:
         identity = identities.get(info.key)
         if identity is None:
             identity = identify(info.pid, proc_root)
-            if len(identities) >= cache_size:
-                identities.clear()
-            identities[info.key] = identity
+            settled = identity or boot_clock() - info.key.start_ticks / ticks >= SETTLE_SECONDS
+            if settled:
+                if len(identities) >= cache_size:
+                    identities.clear()
+                identities[info.key] = identity
         if not identity:
             return info
         names = metadata.lookup(identity.container_id, identity.pod_uid)

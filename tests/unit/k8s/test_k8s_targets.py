@@ -3,6 +3,7 @@ by namespace, on a /proc tree written here and a pod list served by an in-proces
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -94,3 +95,27 @@ def test_without_the_api_ids_are_filled_and_names_stay_empty(tmp_path: Path) -> 
     web = table.info(100)
     assert web is not None and web.container_id == CID_WEB
     assert (web.namespace, web.pod, web.container) == ("", "", "")
+
+
+def test_a_process_moved_into_its_container_after_it_was_seen(tmp_path: Path) -> None:
+    # runc forks the container's first process, then moves it into the container's cgroup: a scan in
+    # between sees it on the host. A young process is looked at again; an old one is settled.
+    write_process(tmp_path, 400, "runc:[2:INIT]", "0::/system.slice/containerd.service\n")
+    write_process(tmp_path, 500, "sshd", "0::/system.slice/ssh.service\n")
+    boot = {"now": (1000 + 400) / os.sysconf("SC_CLK_TCK") + 0.01}  # pid 400 started 10 ms ago
+    table = ProcessTable(TargetRules(comm=re.compile(".")), proc_root=str(tmp_path),
+                         enrich=kubernetes_enricher(PodMetadata.disabled(), str(tmp_path),
+                                                    since_boot=lambda: boot["now"]))
+    table.refresh()
+    first = table.info(400)
+    assert first is not None and first.container_id == ""
+    (tmp_path / "400" / "cgroup").write_text(f"0::/kubepods/besteffort/pod{UID_BATCH}/{CID_JOB}\n")
+    (tmp_path / "400" / "stat").write_text((tmp_path / "400" / "stat").read_text().replace("runc:[2:INIT]", "job"))
+    table.refresh()
+    moved = table.info(400)
+    assert moved is not None and (moved.container_id, moved.pod_uid) == (CID_JOB, UID_BATCH)
+    # An old process's identity is settled: not re-read on every scan.
+    (tmp_path / "500" / "cgroup").write_text(f"0::/kubepods/besteffort/pod{UID_BATCH}/{CID_JOB}\n")
+    table.refresh()
+    host = table.info(500)
+    assert host is not None and host.container_id == ""
