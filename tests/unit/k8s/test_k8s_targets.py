@@ -18,11 +18,11 @@ CID_WEB = "40c03570b6f4c30bc8d69923d37ee698f5cfcced92c7b7df1c47f6f7887378a9"
 CID_JOB = "f33f47b0db740bb647cb3e7ac62d96c74966dbb99cbfaf4563bfd42d387e8b44"
 
 
-def write_process(root: Path, pid: int, comm: str, cgroup: str) -> None:
+def write_process(root: Path, pid: int, comm: str, cgroup: str, start_ticks: int | None = None) -> None:
     d = root / str(pid)
     d.mkdir()
     # Fields after "(comm)": state ppid ... starttime is field 22.
-    rest = ["S", "1"] + ["0"] * 17 + [str(1000 + pid)] + ["0"] * 30
+    rest = ["S", "1"] + ["0"] * 17 + [str(1000 + pid if start_ticks is None else start_ticks)] + ["0"] * 30
     (d / "stat").write_text(f"{pid} ({comm}) {' '.join(rest)}\n")
     (d / "status").write_text(f"Name:\t{comm}\nTgid:\t{pid}\n")
     (d / "cgroup").write_text(cgroup)
@@ -100,12 +100,13 @@ def test_without_the_api_ids_are_filled_and_names_stay_empty(tmp_path: Path) -> 
 def test_a_process_moved_into_its_container_after_it_was_seen(tmp_path: Path) -> None:
     # runc forks the container's first process, then moves it into the container's cgroup: a scan in
     # between sees it on the host. A young process is looked at again; an old one is settled.
-    write_process(tmp_path, 400, "runc:[2:INIT]", "0::/system.slice/containerd.service\n")
-    write_process(tmp_path, 500, "sshd", "0::/system.slice/ssh.service\n")
-    boot = {"now": (1000 + 400) / os.sysconf("SC_CLK_TCK") + 0.01}  # pid 400 started 10 ms ago
+    hz = os.sysconf("SC_CLK_TCK")
+    now = 3600.0  # seconds since boot
+    write_process(tmp_path, 400, "runc:[2:INIT]", "0::/system.slice/containerd.service\n",
+                  start_ticks=int((now - 0.01) * hz))  # started 10 ms ago
+    write_process(tmp_path, 500, "sshd", "0::/system.slice/ssh.service\n", start_ticks=int((now - 60) * hz))
     table = ProcessTable(TargetRules(comm=re.compile(".")), proc_root=str(tmp_path),
-                         enrich=kubernetes_enricher(PodMetadata.disabled(), str(tmp_path),
-                                                    since_boot=lambda: boot["now"]))
+                         enrich=kubernetes_enricher(PodMetadata.disabled(), str(tmp_path), since_boot=lambda: now))
     table.refresh()
     first = table.info(400)
     assert first is not None and first.container_id == ""
