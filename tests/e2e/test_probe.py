@@ -193,12 +193,14 @@ def test_switch_counts_match_schedstat() -> None:
 def test_block_duration_histogram() -> None:
     with Workload("sleep", threads=1, iterations=30, interval_ms=20) as w, running_pipeline(pids=(w.pid,)) as p:
         w.go()
-        w.wait()
+        result = w.wait()
         time.sleep(0.1)
         snap = p.flush_now()
     view = next(v for k, v in snap.processes.items() if k.pid == w.pid)
-    # 20 ms = 20,000 us falls in slot 15: [2^14, 2^15) us; a loaded machine may wake a sleeper
-    # more than 12 ms late (slot 16), never early.
-    assert sum(view.histogram[15:]) >= 30
-    assert view.histogram[15] >= 27
-    assert sum(view.histogram[:15]) < 10  # only the exit path and the start-up wait are short
+    timed = result.threads[0].hist
+    # 20 ms = 20,000 us: slot 15, [2^14, 2^15) us; on a loaded machine a late wake-up moves a block
+    # into slot 16. The probe's slots match the workload's own timing of each call (a block the
+    # probe sees is a few microseconds shorter than the call around it: edges may differ by one).
+    assert sum(timed[15:]) == 30
+    for slot in (15, 16):
+        assert abs(view.histogram[slot] - timed[slot]) <= 1, (slot, view.histogram, timed)
