@@ -24,6 +24,7 @@ from exporter.config import (
     positive_float,
     positive_int,
 )
+from exporter.k8s import selection as k8s_selection
 from exporter.logfmt import configure_logging
 
 __all__ = ["main"]
@@ -121,7 +122,7 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
 
     serve = sub.add_parser("serve", help="run until SIGTERM, serving /metrics and pushing to the outputs",
                            epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for add in (_add_common, _add_targets, _add_probe, _add_aggregate):
+    for add in (_add_common, _add_targets, k8s_selection.add_arguments, _add_probe, _add_aggregate):
         add(serve)
     from exporter.web import server as web_server
 
@@ -131,7 +132,7 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
 
     record = sub.add_parser("record", help="profile for a while and write one profile file",
                             epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for add in (_add_common, _add_targets, _add_probe):
+    for add in (_add_common, _add_targets, k8s_selection.add_arguments, _add_probe):
         add(record)
     record.add_argument("--duration", type=positive_float, default=10.0, metavar="SECONDS")
     from exporter.formats import FORMATS
@@ -173,6 +174,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             parser.error("--min-block is larger than --max-block")
         if options.all and (options.pid or options.comm or options.cmdline):
             parser.error("--all watches everything: do not combine it with --pid/--comm/--cmdline")
+        if options.all and _extra_selectors(options):
+            parser.error("--all watches everything: do not combine it with --namespace/--pod-label/--container")
         has_target = options.all or options.pid or options.comm or options.cmdline
         if not has_target and not _extra_selectors(options):
             if options.command == "record":
@@ -204,6 +207,7 @@ def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
     from exporter.targets import ProcessTable, TargetRules
 
     own = os.getpid()
+    enrich, predicate = _kubernetes(options)
     probe = Probe(ProbeConfig(
         attach=options.attach,
         per_thread=options.per_thread,
@@ -216,8 +220,8 @@ def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
         stack_storage=options.stack_storage_size,
     ))
     rules = TargetRules(pids=tuple(options.pid), comm=options.comm, cmdline=options.cmdline,
-                        watch_all=options.all, follow_children=options.follow_children)
-    processes = ProcessTable(rules, exclude=(own,))
+                        watch_all=options.all, follow_children=options.follow_children, predicate=predicate)
+    processes = ProcessTable(rules, exclude=(own,), enrich=enrich)
     problems = processes.start()
     if problems and len(problems) == len(rules.pids) and not (rules.scans or rules.watch_all):
         raise StartupError("; ".join(problems))
@@ -229,6 +233,26 @@ def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
                         targets_interval=options.targets_interval,
                         history_seconds=getattr(options, "history", 900.0), exclude=(own,))
     return probe, pipeline
+
+
+def _kubernetes(options: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Pod metadata (started in the background) and the --namespace/--pod-label/--container predicate."""
+    from exporter.k8s import PodMetadata, WorkloadSelector
+    from exporter.targets import kubernetes_enricher, kubernetes_predicate
+
+    if options.kubernetes_metadata == "off":
+        metadata = PodMetadata.disabled()
+    else:
+        metadata = PodMetadata.from_environment(service_account_dir=options.kubernetes_service_account_dir,
+                                                refresh_seconds=options.kubernetes_refresh_interval)
+    selector = WorkloadSelector.from_options(options, metadata)
+    if selector.needs_api and not metadata.enabled:
+        raise StartupError("--namespace, --pod-label and --container NAME need the Kubernetes API (a pod with "
+                           "a service account; see the log); --container also takes a container id")
+    metadata.start()
+    # The first list, so that the processes found at start get their names (bounded: the API may be down).
+    metadata.wait_ready(5.0)
+    return kubernetes_enricher(metadata), kubernetes_predicate(selector)
 
 
 def _stop_on_signals() -> threading.Event:
