@@ -123,9 +123,8 @@ def generate_source(stacks: int) -> Path:
 def prometheus_render() -> Any:
     """A function snapshot -> seconds for one uncached /metrics render, or None without the sink."""
     try:
-        from exporter.sinks.prometheus import PrometheusSink
-
         from exporter.sinks import SinkContext
+        from exporter.sinks.prometheus import PrometheusSink
         from exporter.web import Request, Routes
     except ImportError:
         return None
