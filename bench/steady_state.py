@@ -7,10 +7,11 @@ The workload is bench/flush_cost.py's generated program (one user stack per numb
 trip with an echo thread at the bottom), paced to --rate switches/s. The exporter runs as its own
 process, as users run it: `offcpu-exporter serve --pid PID` when the web server is installed
 (exporter.web.server), scraped every 15 s by this script; otherwise `offcpu-exporter record --pid
-PID` (the same probe, aggregation and 5 s flushes, without HTTP). CPU is utime+stime from
-/proc/PID/stat over the steady window (after --warmup seconds: start-up compiles the BPF program and
-loads symbols), peak RSS is VmHWM from /proc/PID/status at the end (start-up included: the in-process
-BPF compiler is the peak), and RSS now is VmRSS at the end.
+PID` (the same probe, aggregation and 5 s flushes, without HTTP). With the OTLP sink installed,
+`serve` also pushes profiles and metrics (default interval) to the project's gRPC test receiver in
+this process. CPU is utime+stime from /proc/PID/stat over the steady window (after --warmup seconds:
+start-up compiles the BPF program and loads symbols), peak RSS is VmHWM from /proc/PID/status at the
+end (start-up included: the in-process BPF compiler is the peak), and RSS now is VmRSS at the end.
 Targets (issue 10): < 3% of one core, < 150 MB RSS.
 """
 
@@ -55,9 +56,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def otlp_receiver() -> Any:
+    """The project's OTLP gRPC test receiver (real grpc server on loopback), when the OTLP sink
+    and its test support are installed; None otherwise."""
+    if importlib.util.find_spec("exporter.sinks.otlp") is None:
+        return None
+    try:
+        from tests.support.otlp_receivers import GrpcReceiver
+    except ImportError:
+        return None
+    return GrpcReceiver().start()
+
+
 def measure(duration: float, warmup: float, rate: float, stacks: int) -> Result:
     binary = build_c(generate_source(stacks), name=f"many_stacks_{stacks}")
     serve = importlib.util.find_spec("exporter.web.server") is not None
+    receiver = otlp_receiver() if serve else None
     clock = Stopwatch()
     workload = subprocess.Popen([str(binary), str(rate / 2)], stdout=subprocess.PIPE, text=True)
     assert workload.stdout is not None
@@ -66,6 +80,9 @@ def measure(duration: float, warmup: float, rate: float, stacks: int) -> Result:
     port = free_port()
     if serve:
         args = ["serve", "--web.listen-address", f"127.0.0.1:{port}", "--pid", str(workload.pid)]
+        if receiver is not None:
+            # OTLP profiles and metrics pushed to a gRPC receiver in this process, at the default interval.
+            args += ["--otlp-endpoint", receiver.endpoint]
     else:
         args = ["record", "--pid", str(workload.pid), "--duration", str(warmup + duration + 30), "-o", os.devnull]
     log = tempfile.NamedTemporaryFile("w+", prefix="offcpu-steady-", suffix=".log", delete=False)  # noqa: SIM115
@@ -103,16 +120,22 @@ def measure(duration: float, warmup: float, rate: float, stacks: int) -> Result:
         workload.kill()
         workload.wait()
         log.close()
+        if receiver is not None:
+            receiver.stop()
     context = clock.done()
     busy = shared(context, ours=1.5)
     cores = (cpu1 - cpu0) / (t1 - t0)
     rate_seen = (sw1 - sw0) / (t1 - t0)
     how = "serve, /metrics scraped every 15 s" if serve else "record (serve not installed yet: no HTTP, no OTLP)"
+    otlp = None
+    if receiver is not None:
+        otlp = {"profiles": len(receiver.received.profiles), "metrics": len(receiver.received.metrics)}
+        how += f", OTLP gRPC pushes on ({otlp['profiles']} profile + {otlp['metrics']} metric requests)"
     details: dict[str, Any] = {
         "mode": how, "duration": t1 - t0, "warmup": warmup, "cpu_seconds": cpu1 - cpu0,
         "cpu_per_second": cores, "switches_per_second": rate_seen, "stacks": stacks,
         "vm_hwm_kib": hwm, "vm_rss_kib": rss, "rss_anon_kib": rss_anon, "rss_file_kib": rss_file,
-        "scrapes": scrapes, "scrape_bytes": scrape_bytes, "context": context,
+        "scrapes": scrapes, "otlp": otlp, "scrape_bytes": scrape_bytes, "context": context,
     }
     note = f"{rate_seen:,.0f} switches/s, {stacks:,} stacks, {t1 - t0:.0f} s; {how}"
     result = Result("steady_state", details=details)
