@@ -133,7 +133,7 @@ def bpftrace(pid: int) -> Iterator[dict[str, Any]]:
         time.sleep(0.3)  # "Attaching" is printed just before the attach itself
         if proc.poll() is not None:
             raise RuntimeError(f"bpftrace exited early ({proc.returncode})")
-        info: dict[str, Any] = {}
+        info: dict[str, Any] = {"bpf_holder": proc.pid}
         try:
             yield info
         finally:
@@ -215,13 +215,13 @@ def bpf_stats() -> Iterator[None]:
         path.write_text(before)
 
 
-def in_program(attach: Attach, holder: Callable[[], int]) -> Attach:
+def in_program(attach: Attach) -> Attach:
     """Wrap an attachment to record its BPF programs' own run time per invocation."""
 
     @contextlib.contextmanager
     def wrapped(pid: int) -> Iterator[dict[str, Any]]:
         with attach(pid) as info:
-            owner = holder()
+            owner = info.get("bpf_holder", os.getpid())
             c0, n0 = prog_stats(owner)
             yield info
             c1, n1 = prog_stats(owner)
@@ -229,10 +229,6 @@ def in_program(attach: Attach, holder: Callable[[], int]) -> Attach:
             info["bpf_ns_per_run"] = (n1 - n0) / max(1, c1 - c0)
 
     return wrapped
-
-
-def _newest_bpftrace() -> int:
-    return int(subprocess.check_output(["pgrep", "-n", "-x", "bpftrace"], text=True).strip())
 
 
 def run_once(binary: Path, cpu: int, round_trips: int, depth: int, attach: Attach) -> dict[str, Any]:
@@ -312,9 +308,9 @@ def measure(rounds: int, round_trips: int, depth: int, cpu: int, program_runs: i
         # The programs' own cost per invocation, from the kernel's BPF run-time statistics (they
         # add two clock reads per run, so these runs are kept out of the wall-clock figures).
         with bpf_stats():
-            for config, holder in (("unwatched", os.getpid), ("watching", os.getpid), ("bpftrace", _newest_bpftrace)):
+            for config in ("unwatched", "watching", "bpftrace"):
                 for _ in range(program_runs):
-                    res = run_once(binary, cpu, round_trips // 2, depth, in_program(attaches[config], holder))
+                    res = run_once(binary, cpu, round_trips // 2, depth, in_program(attaches[config]))
                     inprog[config].append(res["bpf_ns_per_run"])
                     print(f"in-program {config:>10}: {res['bpf_ns_per_run']:8.1f} ns per run "
                           f"({res['bpf_runs']} runs)", file=sys.stderr, flush=True)
