@@ -12,7 +12,7 @@ without end, so every stack changes between two flushes. The real probe and aggr
 process; flushes are called directly, one every --interval seconds after a warm-up that lasts until
 the stack count stops growing (the first flushes symbolize). The consumer is the Prometheus sink's
 /metrics render when that sink is installed (exporter.sinks.prometheus), and always the folded-stack
-render of the window between two snapshots (what `record` and /flamegraph do).
+render of the profile between two snapshots (Profile.between, as `record` and /flamegraph do).
 A second part feeds the same Aggregator from in-memory maps holding exactly N counters, all growing
 every flush: the user-space cost alone, free of the extra stacks that preemptions of a real
 workload add on a shared machine.
@@ -145,7 +145,7 @@ def prometheus_render() -> Any:
 
 def measure_one(stacks: int, flushes: int, interval: float, profile: bool, rate: float) -> dict[str, Any]:
     from exporter.aggregate import Aggregator
-    from exporter.formats import render, window
+    from exporter.formats import Profile, render
     from exporter.pipeline import Pipeline
     from exporter.probe.loader import Probe, ProbeConfig
     from exporter.symbols import Symbolizer
@@ -200,7 +200,7 @@ def measure_one(stacks: int, flushes: int, interval: float, profile: bool, rate:
             cpu.append(time.thread_time() - c0)
             changed.append(sum(1 for s in snap.samples if s.increase))
             t0 = time.perf_counter()
-            render("folded", window(before, snap))
+            render("folded", Profile.between(before, snap))
             folded.append(time.perf_counter() - t0)
             if prom is not None:
                 seconds, prom_bytes = prom(snap)
@@ -311,7 +311,7 @@ def measure_synthetic(stacks: int, flushes: int, gc_paused: bool = False) -> dic
     import tempfile as _tempfile
 
     from exporter.aggregate import Aggregator
-    from exporter.formats import render, window
+    from exporter.formats import Profile, render
     from exporter.targets import ProcessTable, TargetRules
 
     with _tempfile.TemporaryDirectory() as root:
@@ -336,7 +336,7 @@ def measure_synthetic(stacks: int, flushes: int, gc_paused: bool = False) -> dic
             times.append(time.perf_counter() - t0)
             gc.enable()
             t0 = time.perf_counter()
-            render("folded", window(before, snap))
+            render("folded", Profile.between(before, snap))
             folded.append(time.perf_counter() - t0)
             if prom is not None:
                 prom_times.append(prom(snap)[0])
@@ -395,7 +395,8 @@ def measure(sizes: list[int], flushes: int, interval: float, profile: bool, rate
                                    f"{p['median'] * 1000:.1f}", f"{p['min'] * 1000:.1f}..{p['max'] * 1000:.1f}",
                                    shared=busy, note=f"{v['prometheus_bytes']:,} bytes gzip"))
         r = v["folded_render_seconds"]
-        result.rows.append(Row("flush cost", f"window + folded render, {n:,} stacks: ms", f"{r['median'] * 1000:.1f}",
+        result.rows.append(Row("flush cost", f"Profile.between + folded render, {n:,} stacks: ms",
+                               f"{r['median'] * 1000:.1f}",
                                f"{r['min'] * 1000:.1f}..{r['max'] * 1000:.1f}", shared=busy,
                                note="" if has_prom else "consumer: Prometheus sink not installed"))
     return result
