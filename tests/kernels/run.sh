@@ -8,11 +8,13 @@ set -euo pipefail
 usage() {
 	cat <<'EOF'
 usage: tests/kernels/run.sh [--kernel VERSION] [--attach MODE] [--timeout SECONDS] -- COMMAND...
+       tests/kernels/run.sh [--kernel VERSION] --print-kernel
 
   --kernel VERSION   Debian kernel ABI to boot, e.g. 6.1.0-57-amd64 (default: the one the
                      linux-image-amd64 metapackage depends on, resolved now)
   --attach MODE      kprobe | tracepoint | auto: exported to COMMAND as OFFCPU_ATTACH (default auto)
   --timeout SECONDS  kill the guest and fail after this long (default 900)
+  --print-kernel     print the kernel version that would be booted, and exit
 
 The command runs as root with the project checkout as working directory (read-only), HOME and
 /tmp on tmpfs. Environment passed in: OFFCPU_*, PYTHONPATH, PYTEST_ADDOPTS (plus
@@ -30,18 +32,20 @@ cache=${OFFCPU_KERNEL_CACHE:-/var/cache/offcpu-kernels}
 kernel=""
 attach=auto
 timeout_s=900
+print_kernel=0
 
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--kernel) [ $# -ge 2 ] || fail "--kernel needs a value"; kernel=$2; shift 2 ;;
 	--attach) [ $# -ge 2 ] || fail "--attach needs a value"; attach=$2; shift 2 ;;
 	--timeout) [ $# -ge 2 ] || fail "--timeout needs a value"; timeout_s=$2; shift 2 ;;
+	--print-kernel) print_kernel=1; shift ;;
 	-h | --help) usage; exit 0 ;;
 	--) shift; break ;;
 	*) usage >&2; fail "unexpected argument: $1 (the command goes after --)" ;;
 	esac
 done
-[ $# -gt 0 ] || { usage >&2; fail "no command given"; }
+[ $# -gt 0 ] || [ $print_kernel -eq 1 ] || { usage >&2; fail "no command given"; }
 case "$attach" in kprobe | tracepoint | auto) ;; *) fail "--attach must be kprobe, tracepoint or auto, not '$attach'" ;; esac
 [[ "$timeout_s" =~ ^[1-9][0-9]*$ ]] || fail "--timeout must be a positive number of seconds, not '$timeout_s'"
 [ "$(id -u)" -eq 0 ] || fail "must run as root (installs packages, writes $cache)"
@@ -84,6 +88,10 @@ if [ -z "$kernel" ]; then
 fi
 case "$kernel" in *-amd64) ;; *) kernel=$kernel-amd64 ;; esac
 [[ "$kernel" =~ ^[0-9]+\.[0-9]+\.[0-9]+-[0-9]+-amd64$ ]] || fail "not a Debian kernel ABI: '$kernel' (e.g. 6.1.0-57-amd64)"
+if [ $print_kernel -eq 1 ]; then
+	echo "$kernel"
+	exit 0
+fi
 
 # --- kernel image, modules and matching headers, cached --------------------------------------
 kdir=$cache/$kernel
