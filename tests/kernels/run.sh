@@ -196,7 +196,10 @@ EOF
 # --- boot ------------------------------------------------------------------------------------
 log "booting $kernel (attach=$attach, timeout ${timeout_s} s)"
 t0=$(date +%s.%N)
-qemu-system-x86_64 -accel tcg -cpu max -m 2G -smp 2 -nographic -no-reboot -nic none \
+# No KVM for the guest: nested virtualisation does not work on this machine kind (a KVM guest
+# hangs after the BIOS), so QEMU emulates the CPU (TCG, ~25x slower). --pdeathsig: the VM must
+# not outlive this script when it is killed without a chance to clean up (SIGKILL).
+setpriv --pdeathsig KILL qemu-system-x86_64 -accel tcg -cpu max -m 2G -smp 2 -nographic -no-reboot -nic none \
 	-kernel "$xroot/boot/vmlinuz-$kernel" -initrd "$tmp/initrd.gz" \
 	-append "console=ttyS0 panic=-1 quiet offcpu.headers=$xroot" \
 	-virtfs "local,path=/,mount_tag=rootfs,security_model=none,readonly=on,multidevs=remap" \
