@@ -9,11 +9,14 @@ set -euo pipefail
 
 usage() {
 	cat <<'EOF'
-usage: tests/kernels/matrix.sh [--legs LIST] [--kernel VERSION] [--timeout SECONDS] [-- COMMAND...]
+usage: tests/kernels/matrix.sh [--legs LIST] [--kernel VERSION] [--timeout SECONDS] [--parallel]
+                               [-- COMMAND...]
 
   --legs LIST        comma-separated subset of host,kprobe,tracepoint (default: all three)
   --kernel VERSION   guest kernel (default: resolved from linux-image-amd64, see run.sh)
-  --timeout SECONDS  per guest leg (default 420)
+  --timeout SECONDS  per guest leg (default 600)
+  --parallel         run the legs at the same time (each leg's output is printed when it ends);
+                     faster, but the legs compete for the CPUs, which timing checks feel
   COMMAND            what each leg runs, in the project checkout with OFFCPU_ATTACH set
                      (default: $OFFCPU_VENV/bin/python -m pytest -m kernel tests/e2e,
                      OFFCPU_VENV defaulting to the checkout's .venv)
@@ -27,13 +30,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 project=$(cd "$here/../.." && pwd)
 legs=host,kprobe,tracepoint
 kernel=""
-timeout_s=420
+timeout_s=600
+parallel=0
 
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--legs) [ $# -ge 2 ] || fail "--legs needs a value"; legs=$2; shift 2 ;;
 	--kernel) [ $# -ge 2 ] || fail "--kernel needs a value"; kernel=$2; shift 2 ;;
 	--timeout) [ $# -ge 2 ] || fail "--timeout needs a value"; timeout_s=$2; shift 2 ;;
+	--parallel) parallel=1; shift ;;
 	-h | --help) usage; exit 0 ;;
 	--) shift; break ;;
 	*) usage >&2; fail "unexpected argument: $1 (the command goes after --)" ;;
@@ -58,32 +63,66 @@ if [[ ",$legs," == *,kprobe,* || ",$legs," == *,tracepoint,* ]]; then
 		|| fail "cannot resolve the guest kernel"
 fi
 
-summary=()
-failed=0
-for leg in "${leg_list[@]}"; do
-	if [ "$leg" = host ]; then
-		name="kernel $(uname -r) / tracepoint"
+leg_name() {
+	if [ "$1" = host ]; then
+		echo "kernel $(uname -r) / tracepoint"
 	else
-		name="kernel $guest_kernel / $leg"
+		echo "kernel $guest_kernel / $1"
 	fi
-	printf '\n=== %s: %s\n' "$name" "${command[*]}"
+}
+
+# run_leg LEG: runs one leg, leaves its exit status and duration in $work/LEG.rc and LEG.seconds.
+run_leg() {
+	local leg=$1 start end rc=0
 	start=$(date +%s.%N)
-	rc=0
 	if [ "$leg" = host ]; then
 		(cd "$project" && OFFCPU_ATTACH=tracepoint "${command[@]}") || rc=$?
 	else
 		"$here/run.sh" --kernel "$guest_kernel" --attach "$leg" --timeout "$timeout_s" -- "${command[@]}" || rc=$?
 	fi
 	end=$(date +%s.%N)
-	seconds=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.0f", b - a }')
-	if [ $rc -eq 0 ]; then
-		summary+=("$name: passed ($seconds s)")
+	echo "$rc" >"$work/$leg.rc"
+	awk -v a="$start" -v b="$end" 'BEGIN { printf "%.0f\n", b - a }' >"$work/$leg.seconds"
+}
+
+work=$(mktemp -d /tmp/offcpu-matrix.XXXXXX)
+pids=()
+cleanup() {
+	local p
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [ $parallel -eq 0 ]; then
+	for leg in "${leg_list[@]}"; do
+		printf '\n=== %s: %s\n' "$(leg_name "$leg")" "${command[*]}"
+		run_leg "$leg"
+	done
+else
+	for leg in "${leg_list[@]}"; do
+		run_leg "$leg" >"$work/$leg.log" 2>&1 &
+		pids+=($!)
+	done
+	for i in "${!leg_list[@]}"; do
+		wait "${pids[$i]}" || true
+		printf '\n=== %s: %s\n' "$(leg_name "${leg_list[$i]}")" "${command[*]}"
+		cat "$work/${leg_list[$i]}.log"
+	done
+	pids=()
+fi
+
+failed=0
+printf '\n'
+for leg in "${leg_list[@]}"; do
+	rc=$(cat "$work/$leg.rc" 2>/dev/null || echo 1)
+	seconds=$(cat "$work/$leg.seconds" 2>/dev/null || echo 0)
+	if [ "$rc" = 0 ]; then
+		echo "$(leg_name "$leg"): passed ($seconds s)"
 	else
-		summary+=("$name: FAILED ($seconds s)")
+		echo "$(leg_name "$leg"): FAILED ($seconds s)"
 		failed=1
 	fi
 done
-
-printf '\n'
-printf '%s\n' "${summary[@]}"
 exit $failed

@@ -18,7 +18,8 @@ usage: tests/kernels/run.sh [--kernel VERSION] [--attach MODE] [--timeout SECOND
 
 The command runs as root with the project checkout as working directory (read-only), HOME and
 /tmp on tmpfs. Environment passed in: OFFCPU_*, PYTHONPATH, PYTEST_ADDOPTS (plus
-"-p no:cacheprovider"), PYTHONDONTWRITEBYTECODE=1, OFFCPU_GUEST_KERNEL=<version>.
+"-p no:cacheprovider"), PYTHONDONTWRITEBYTECODE=1, PYTHONUNBUFFERED=1,
+OFFCPU_GUEST_KERNEL=<version>.
 Kernel packages are cached in $OFFCPU_KERNEL_CACHE (default /var/cache/offcpu-kernels).
 EOF
 }
@@ -180,6 +181,9 @@ cat >"$tmp/share/job" <<EOF
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/tmp LANG=C.UTF-8 TERM=dumb
 export PYTHONDONTWRITEBYTECODE=1
+# Unbuffered: the output streams to the host as it is written, and a command that hangs at exit
+# (a stuck thread) or is killed at the timeout still leaves everything it printed.
+export PYTHONUNBUFFERED=1
 export PYTEST_ADDOPTS=$(quote "-p no:cacheprovider ${PYTEST_ADDOPTS:-}")
 export OFFCPU_ATTACH=$(quote "$attach")
 export OFFCPU_GUEST_KERNEL=\$(uname -r)
