@@ -215,7 +215,7 @@ class Aggregator:
         info = self._process_of(tgid)
         symbol_pid = tgid
         child = self._children.get(tgid)
-        if child is not None and child[2] == info.comm and self.processes.info(child[0]) is not None:
+        if child is not None and child[2] == info.comm and self.processes.latest(child[0]) is not None:
             # Forked by a watched process and (same comm) not exec'd since: the parent's address
             # space, which stays readable when a short-lived child is already gone.
             symbol_pid = child[0]
@@ -244,7 +244,7 @@ class Aggregator:
             if addresses is None:
                 self._lost_half("kernel", -errno.ENOENT, count)
                 return (lost_frame("RECLAIMED"),)
-            frames = self.symbolizer.kernel(addresses)
+            frames = _without_probe_frames(self.symbolizer.kernel(addresses))
             self._kernel_stacks[stack_id] = frames
         return frames
 
@@ -273,13 +273,16 @@ class Aggregator:
         for key in keys:
             self._infos.pop(key, None)
         for info in gone:
+            if self.processes.latest(info.pid) is not None:
+                continue  # the pid is held by a newer process now: its state is not ours to drop
             self.symbolizer.forget(info.pid)
             self.probe.delete_hist(info.pid)
-            self.probe.forget_child(info.pid) if self.probe.config.follow_children else None
-            for k in [k for k in self._user_stacks if k[0] == info.pid]:
-                del self._user_stacks[k]
-            for k in [k for k in self._thread_names if k[0] == info.pid]:
-                del self._thread_names[k]
+            if self.probe.config.follow_children:
+                self.probe.forget_child(info.pid)
+            for stack_key in [k for k in self._user_stacks if k[0] == info.pid]:
+                del self._user_stacks[stack_key]
+            for thread_key in [k for k in self._thread_names if k[0] == info.pid]:
+                del self._thread_names[thread_key]
         return gone
 
     # -- the snapshot ----------------------------------------------------------------------
@@ -356,6 +359,19 @@ class Aggregator:
     @property
     def latest(self) -> Snapshot:
         return self._latest
+
+
+# The probe's own frames at the leaf of a kernel stack captured in a (raw) tracepoint or kprobe:
+# the BPF program, the tracepoint iterator, the perf/kprobe glue. They say nothing about the wait.
+_PROBE_FRAME_PREFIXES = ("bpf_prog_", "bpf_trace_run", "__traceiter_", "__bpf_trace_", "trace_call_bpf",
+                         "perf_trace_", "kprobe_", "aggr_pre_handler", "pre_handler_kretprobe")
+
+
+def _without_probe_frames(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    i = 0
+    while i < len(frames) - 1 and frames[i].name.startswith(_PROBE_FRAME_PREFIXES):
+        i += 1
+    return frames[i:]
 
 
 def _thread_name(tgid: int, tid: int) -> str:
