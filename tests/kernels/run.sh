@@ -99,7 +99,7 @@ kdir=$cache/$kernel
 xroot=$kdir/root
 fetch_kernel() {
 	local pkgs dl f deps
-	pkgs=(linux-image-$kernel linux-headers-$kernel)
+	pkgs=("linux-image-$kernel" "linux-headers-$kernel")
 	# linux-headers-<ver>-amd64 depends on -common and on linux-kbuild-<major.minor>.
 	deps=$(apt-cache show --no-all-versions "linux-headers-$kernel" 2>/dev/null | sed -n 's/^Depends: //p' || true)
 	if [ -z "$deps" ]; then
@@ -107,7 +107,8 @@ fetch_kernel() {
 		deps=$(apt-cache show --no-all-versions "linux-headers-$kernel" 2>/dev/null | sed -n 's/^Depends: //p' || true)
 	fi
 	[ -n "$deps" ] || fail "no package linux-headers-$kernel on the mirror (superseded ABI? try without --kernel)"
-	pkgs+=($(printf '%s\n' "$deps" | tr ',' '\n' | sed -n 's/^ *\(linux-headers-[^ ]*-common\|linux-kbuild-[^ ]*\).*/\1/p'))
+	mapfile -t -O ${#pkgs[@]} pkgs < <(printf '%s\n' "$deps" | tr ',' '\n' \
+		| sed -n 's/^ *\(linux-headers-[^ ]*-common\|linux-kbuild-[^ ]*\).*/\1/p')
 	dl=$(mktemp -d "$cache/.download.XXXXXX")
 	log "fetching ${pkgs[*]}"
 	if ! (cd "$dl" && apt-get download -q "${pkgs[@]}" >/dev/null 2>"$dl/apt.log"); then
@@ -121,6 +122,7 @@ fetch_kernel() {
 	# The package leaves modules.dep to its postinst.
 	depmod -b "$dl/root" "$kernel"
 	rm -f "$dl"/*.deb "$dl/apt.log"
+	chmod 0755 "$dl"
 	rm -rf "$kdir"
 	mv "$dl" "$kdir"
 }

@@ -27,7 +27,7 @@ pytestmark = [
 ]
 
 
-def run(*args: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
+def run(*args: str | Path, timeout: float = 280) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(a) for a in args], cwd=PROJECT, capture_output=True, text=True, timeout=timeout, check=False
     )
