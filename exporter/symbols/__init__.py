@@ -229,6 +229,8 @@ class Symbolizer:
         if mapping is None:
             return self._jit(proc, address) or UNKNOWN  # not cached: the next re-read may find it
         frame = self._resolve_in_mapping(proc, mapping, address)
+        if frame.kind is FrameKind.PLACEHOLDER and not mapping.is_file and mapping.path != VDSO:
+            return frame  # anonymous memory: its perf map may name it later
         frames = proc.frames
         if len(frames) >= _PID_CACHE_LIMIT:
             frames.clear()

@@ -1,0 +1,106 @@
+"""Building and running the symbolizer's test programs (real processes, real /proc)."""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+SOURCES = Path(__file__).parent
+READY = "ready"
+
+
+def need(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        pytest.fail(f"{tool} is not installed (scripts/setup --test installs it)")
+    return path
+
+
+def compile_c(out: Path, source: str, *flags: str, cxx: bool = False) -> Path:
+    compiler = need("g++" if cxx else "gcc")
+    cmd = [compiler, "-O0", "-fno-omit-frame-pointer", "-Wl,--build-id", *flags, "-o", str(out)]
+    cmd.append(str(SOURCES / source))
+    if not cxx:
+        cmd.append("-ldl")
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    return out
+
+
+@dataclass
+class Program:
+    """A running test program that printed `NAME 0xADDRESS` lines and `ready`."""
+
+    proc: subprocess.Popen[bytes]
+    addresses: dict[str, int] = field(default_factory=dict)
+    _pending: bytes = b""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def read_until(self, word: str, timeout: float = 20.0) -> list[str]:
+        assert self.proc.stdout is not None
+        lines = []
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while True:
+            while b"\n" not in self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no {word!r} from pid {self.pid}; got {lines}")
+                ready, _, _ = select.select([fd], [], [], left)
+                if not ready:
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise EOFError(f"pid {self.pid} exited ({self.proc.poll()}); got {lines}")
+                self._pending += chunk
+            raw, self._pending = self._pending.split(b"\n", 1)
+            line = raw.decode().strip()
+            lines.append(line)
+            parts = line.split()
+            if len(parts) == 2 and parts[1].startswith("0x"):
+                self.addresses[parts[0]] = int(parts[1], 16)
+            if parts and parts[0] == word:
+                return lines
+
+    def command(self, line: str, until: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+        self.read_until(until)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+        perf_map = Path(f"/tmp/perf-{self.pid}.map")
+        if perf_map.exists():
+            perf_map.unlink()
+
+
+def start(argv: list[str], env: dict[str, str] | None = None) -> Program:
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        bufsize=0,
+        env={**os.environ, **(env or {})},
+    )
+    program = Program(proc)
+    try:
+        program.read_until(READY)
+    except BaseException:
+        program.stop()
+        raise
+    return program
