@@ -124,6 +124,7 @@ class Symbolizer:
         self._lock = threading.Lock()
         self._errors_suppressed = 0
         self._error_logged_at = -1e9
+        self._unexpected_errors = 0
 
     # -- public interface -------------------------------------------------------------------
 
@@ -187,6 +188,11 @@ class Symbolizer:
                     self._files.pop(key, None)
 
     # -- introspection for tests and self-metrics -------------------------------------------
+
+    @property
+    def unexpected_errors(self) -> int:
+        """Exceptions caught by the last-resort guard (a bug to fix, not a bad input)."""
+        return self._unexpected_errors
 
     @property
     def cached_files(self) -> int:
@@ -408,6 +414,7 @@ class Symbolizer:
     # -- errors ----------------------------------------------------------------------------------
 
     def _log_error(self, what: str, exc: Exception) -> None:
+        self._unexpected_errors += 1
         now = time.monotonic()
         if now - self._error_logged_at < _ERROR_LOG_INTERVAL:
             self._errors_suppressed += 1
