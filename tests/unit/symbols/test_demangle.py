@@ -2,7 +2,10 @@ from exporter.symbols.demangle import demangle
 
 
 def test_cxx() -> None:
-    assert demangle("_ZNSt6vectorIiSaIiEE9push_backERKi") == "std::vector<int, std::allocator<int> >::push_back(int const&)"
+    assert (
+        demangle("_ZNSt6vectorIiSaIiEE9push_backERKi")
+        == "std::vector<int, std::allocator<int> >::push_back(int const&)"
+    )
 
 
 def test_rust_legacy_without_hash() -> None:

@@ -48,8 +48,9 @@ def shared_object(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = d / "t.s"
     src.write_text(ASM)
     out = d / "t.so"
-    subprocess.run(["gcc", "-shared", "-nostdlib", "-Wl,--build-id", "-o", str(out), str(src)], check=True,
-                   timeout=60)
+    subprocess.run(
+        ["gcc", "-shared", "-nostdlib", "-Wl,--build-id", "-o", str(out), str(src)], check=True, timeout=60
+    )
     return out
 
 
@@ -103,8 +104,12 @@ def test_debuglink(shared_object: Path, tmp_path: Path) -> None:
     debug = tmp_path / "t.debug"
     debug.write_bytes(b"anything")
     linked = tmp_path / "t.so"
-    subprocess.run(["objcopy", f"--add-gnu-debuglink={debug}", str(shared_object), str(linked)], check=True,
-                   cwd=tmp_path, timeout=60)
+    subprocess.run(
+        ["objcopy", f"--add-gnu-debuglink={debug}", str(shared_object), str(linked)],
+        check=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
     import zlib
 
     with open(linked, "rb") as f:

@@ -85,8 +85,10 @@ def test_intact_file_resolves(tmp_path: Path, sample_elf: bytes) -> None:
 
 
 @FUZZ_SETTINGS
-@given(cut=st.integers(min_value=0, max_value=1 << 16), probes=st.lists(st.integers(0, 1 << 16), min_size=1,
-                                                                      max_size=4))
+@given(
+    cut=st.integers(min_value=0, max_value=1 << 16),
+    probes=st.lists(st.integers(0, 1 << 16), min_size=1, max_size=4),
+)
 def test_truncated_elf(tmp_path: Path, sample_elf: bytes, cut: int, probes: list[int]) -> None:
     window = _text_window(sample_elf)
     frames = _symbolize(tmp_path, sample_elf[: cut % len(sample_elf)], window, probes)
@@ -136,13 +138,17 @@ _MAPS_LINE = st.one_of(
         st.sampled_from(["r-xp", "rwxp", "r--p", "x", "", "r-x"]),
         st.integers(-5, 1 << 40),
         st.integers(-5, 1 << 40),
-        st.sampled_from(["", "[vdso]", "/usr/lib/libfuzz.so", "/missing (deleted)", "[heap]", "/../../etc/x"]),
+        st.sampled_from(
+            ["", "[vdso]", "/usr/lib/libfuzz.so", "/missing (deleted)", "[heap]", "/../../etc/x"]
+        ),
     ),
 )
 
 
 @FUZZ_SETTINGS
-@given(lines=st.lists(_MAPS_LINE, max_size=12), probes=st.lists(st.integers(0, 1 << 64), min_size=1, max_size=6))
+@given(
+    lines=st.lists(_MAPS_LINE, max_size=12), probes=st.lists(st.integers(0, 1 << 64), min_size=1, max_size=6)
+)
 def test_garbage_maps(tmp_path: Path, sample_elf: bytes, lines: list[str], probes: list[int]) -> None:
     pid = next(_counter)
     proc = FakeProc(tmp_path / f"proc{pid}")

@@ -36,8 +36,12 @@ def fixture_dir(tmp_path: Path) -> Path:
 def test_core_and_module_symbols(fixture_dir: Path) -> None:
     sym = Symbolizer(kallsyms_path=str(fixture_dir / "kallsyms"))
     frames = sym.kernel([0xFFFFFFFF81001010, 0xFFFFFFFF81001400, 0xFFFFFFFFC0000104, 0xFFFFFFFFC0000010])
-    assert [f.name for f in frames] == ["do_nanosleep", "hrtimer_nanosleep_restart", "mymod_wait [mymod]",
-                                        "helper_func [mymod]"]
+    assert [f.name for f in frames] == [
+        "do_nanosleep",
+        "hrtimer_nanosleep_restart",
+        "mymod_wait [mymod]",
+        "helper_func [mymod]",
+    ]
     assert [f.module for f in frames] == ["[kernel]", "[kernel]", "mymod", "mymod"]
     assert frames[0].kind is FrameKind.KERNEL
     assert frames[0].offset == 0x1010
