@@ -10,14 +10,16 @@
  *    tracepoint's own fields, so it is exact with any headers.
  *
  * The kernel side only counts. Filtering comes first so that unwatched tasks cost one lookup.
- * Set by the loader with -D: OFFCPU_ATTACH_*, PER_THREAD, MIN_BLOCK_NS, MAX_BLOCK_NS and the
- * map sizes MAX_TARGETS, MAX_THREADS, MAX_COUNTS, STACK_STORAGE, MAX_HIST.
+ * Set by the loader with -D: OFFCPU_ATTACH_*, PER_THREAD, WATCH_ALL, FOLLOW_CHILDREN,
+ * MIN_BLOCK_NS, MAX_BLOCK_NS and the map sizes MAX_TARGETS, MAX_THREADS, MAX_COUNTS,
+ * STACK_STORAGE, MAX_HIST.
  */
 #include <uapi/linux/ptrace.h>
 #include <linux/sched.h>
 #include "offcpu.h"
 
 BPF_HASH(targets, u32, u8, MAX_TARGETS);
+BPF_HASH(children, u32, struct offcpu_child, MAX_TARGETS);
 BPF_HASH(start, u32, struct offcpu_start, MAX_THREADS);
 BPF_HASH(counts, struct offcpu_key, struct offcpu_value, MAX_COUNTS);
 BPF_HASH(hist, struct offcpu_hist_key, u64, MAX_HIST);
@@ -33,7 +35,14 @@ static __always_inline void stat_add(int index, u64 n)
 
 static __always_inline int is_target(u32 tgid)
 {
-	return tgid != 0 && targets.lookup(&tgid) != NULL;
+	if (tgid == 0)
+		return 0; /* the idle task */
+	u8 *t = targets.lookup(&tgid);
+#if WATCH_ALL
+	return t == NULL || *t != OFFCPU_TARGET_EXCLUDE;
+#else
+	return t != NULL && *t == OFFCPU_TARGET_WATCH;
+#endif
 }
 
 static __always_inline void account(struct offcpu_start *s, u32 tid, u64 now,
@@ -168,6 +177,29 @@ TRACEPOINT_PROBE(sched, sched_switch)
 		return 0;
 	account(s, next, now, s->user_stack_id, s->kernel_stack_id);
 	start.delete(&next);
+	return 0;
+}
+#endif
+
+#if FOLLOW_CHILDREN && !WATCH_ALL
+/* A child process of a watched process is watched from its first instruction: a /proc scan
+ * would miss short-lived ones. task:task_newtask runs in the parent (current) before the child
+ * can run, and its clone_flags tell new threads (same tgid, already covered) from processes. */
+TRACEPOINT_PROBE(task, task_newtask)
+{
+	if (args->clone_flags & CLONE_THREAD)
+		return 0;
+	u32 parent = bpf_get_current_pid_tgid() >> 32;
+	if (!is_target(parent))
+		return 0;
+	u32 child = args->pid;
+	u8 watch = OFFCPU_TARGET_WATCH;
+	struct offcpu_child c = {};
+	c.fork_boot_ns = bpf_ktime_get_boot_ns();
+	c.parent_tgid = parent;
+	bpf_probe_read_kernel(&c.comm, sizeof(c.comm), args->comm);
+	if (targets.update(&child, &watch) == 0)
+		children.update(&child, &c);
 	return 0;
 }
 #endif

@@ -44,6 +44,19 @@ struct offcpu_start {
 	__s32 kernel_stack_id;
 };
 
+/* A process forked by a watched one while --follow-children is on. User space reads it to name
+ * children that exited before it saw them in /proc (same address space as the parent until exec). */
+struct offcpu_child {
+	__u64 fork_boot_ns; /* bpf_ktime_get_boot_ns() at fork: the child's start time */
+	__u32 parent_tgid;
+	__u32 pad;
+	char comm[16];      /* inherited from the parent until exec */
+};
+
+/* Values of the `targets` map. */
+#define OFFCPU_TARGET_WATCH   1
+#define OFFCPU_TARGET_EXCLUDE 2 /* with WATCH_ALL: everything but these */
+
 struct offcpu_hist_key {
 	__u32 tgid;
 	__u32 slot;

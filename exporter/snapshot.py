@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 __all__ = [
+    "HISTOGRAM_BUCKETS_US",
     "Counter",
     "Frame",
     "FrameKind",
@@ -25,7 +26,6 @@ __all__ = [
     "Snapshot",
     "Stack",
     "StackSample",
-    "HISTOGRAM_BUCKETS_US",
 ]
 
 

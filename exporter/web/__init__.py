@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Request", "Response", "Routes", "Handler"]
+__all__ = ["Handler", "Request", "Response", "Routes"]
 
 
 @dataclass(frozen=True)

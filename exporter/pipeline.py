@@ -1,0 +1,165 @@
+"""The loop that owns the probe: keeps targets current, flushes on a timer or on request, and hands
+each snapshot to every sink. Exactly one thread drains the kernel maps."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from exporter.aggregate import Aggregator
+from exporter.probe import layout
+from exporter.probe.loader import Probe
+from exporter.ratelimit import RateLimitedLog
+from exporter.sinks import Sink
+from exporter.snapshot import Snapshot
+from exporter.targets import ProcessTable
+
+__all__ = ["Pipeline"]
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    def __init__(self, probe: Probe, aggregator: Aggregator, processes: ProcessTable, *,
+                 flush_interval: float = 5.0, targets_interval: float = 1.0,
+                 history_seconds: float = 900.0, exclude: Sequence[int] = ()) -> None:
+        self.probe = probe
+        self.aggregator = aggregator
+        self.processes = processes
+        self.flush_interval = flush_interval
+        self.targets_interval = targets_interval
+        self.sinks: list[Sink] = []
+        self._exclude = tuple(exclude)
+        self._history: collections.deque[Snapshot] = collections.deque()
+        self._history_seconds = history_seconds
+        self._latest = aggregator.latest
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._flushed = threading.Condition(self._lock)
+        self._flush_requests = 0
+        self._thread: threading.Thread | None = None
+        self._sink_errors = RateLimitedLog(log, interval=60)
+
+    # -- what sinks and handlers call (any thread) ----------------------------------------
+
+    def latest(self) -> Snapshot:
+        with self._lock:
+            return self._latest
+
+    def history(self, seconds: float) -> list[Snapshot]:
+        cutoff = time.time_ns() - int(seconds * 1e9)
+        with self._lock:
+            return [s for s in self._history if s.time_ns >= cutoff]
+
+    def flush_now(self, timeout: float = 10.0) -> Snapshot:
+        """Ask the loop for a flush and wait for the snapshot it makes."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            start_seq = self._latest.sequence
+            self._flush_requests += 1
+            self._wake.set()
+            while self._latest.sequence == start_seq:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    break
+                self._flushed.wait(left)
+            return self._latest
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def sync_targets(self) -> None:
+        """Make the kernel filter map match the process table."""
+        added, _ = self.processes.refresh()
+        if added:
+            log.info("watching %d new process(es): %s", len(added),
+                     ", ".join(f"{p.comm}[{p.pid}]" for p in added[:10]))
+        for info in added:
+            # Read the new process's mappings while it is alive; it may exit before its first flush.
+            self.aggregator.symbolizer.user(info.pid, ())
+        kernel = self.probe.kernel_targets()
+        if self.probe.config.watch_all:
+            for pid in self._exclude:
+                if kernel.get(pid) != layout.TARGET_EXCLUDE:
+                    self.probe.set_target(pid, layout.TARGET_EXCLUDE)
+            return
+        wanted = self.processes.watched_pids()
+        for pid in wanted - kernel.keys():
+            self.probe.set_target(pid, layout.TARGET_WATCH)
+        children = self.probe.children() if self.probe.config.follow_children else {}
+        for pid in kernel.keys() - wanted:
+            if pid in children:
+                # Added by the kernel at fork: adopt it while it lives.
+                parent, boot_ns, comm = children[pid]
+                if not self.processes.adopt(pid, parent=parent, comm=comm, boot_ns=boot_ns).exited:
+                    continue
+            self.probe.remove_target(pid)
+
+    def flush(self) -> Snapshot:
+        snapshot = self.aggregator.flush()
+        with self._lock:
+            self._latest = snapshot
+            self._history.append(snapshot)
+            cutoff = snapshot.time_ns - int(self._history_seconds * 1e9)
+            while self._history and self._history[0].time_ns < cutoff:
+                self._history.popleft()
+            self._flushed.notify_all()
+        for sink in self.sinks:
+            try:
+                sink.publish(snapshot)
+            except Exception:
+                # A broken sink must not stop the probe or the other sinks.
+                sink.stats.add("failed")
+                self._sink_errors.exception("sink %s failed to take a snapshot", sink.name)
+        return snapshot
+
+    def run(self) -> None:
+        """Run until stop(): targets every targets_interval, a flush every flush_interval."""
+        next_flush = time.monotonic() + self.flush_interval
+        next_targets = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_targets:
+                try:
+                    self.sync_targets()
+                except Exception:
+                    log.exception("refreshing targets failed")
+                next_targets = now + self.targets_interval
+            with self._lock:
+                requested = self._flush_requests
+                self._flush_requests = 0
+            if requested or now >= next_flush:
+                try:
+                    self.flush()
+                except Exception:
+                    log.exception("flush failed")
+                next_flush = time.monotonic() + self.flush_interval
+            self._wake.wait(max(0.0, min(next_flush, next_targets) - time.monotonic()))
+            self._wake.clear()
+        # Once more on the way out: nothing counted before the signal is left in the kernel.
+        try:
+            self.sync_targets()
+            self.flush()
+        except Exception:
+            log.exception("final flush failed")
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="offcpu-pipeline", daemon=True)
+        self._thread.start()
+
+    def stop(self, sink_timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            self._flushed.notify_all()
+        deadline = time.monotonic() + sink_timeout
+        for sink in self.sinks:
+            try:
+                sink.close(max(0.1, deadline - time.monotonic()))
+            except Exception:
+                log.exception("closing sink %s failed", sink.name)

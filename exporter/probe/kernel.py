@@ -1,0 +1,140 @@
+"""What the running kernel offers the probe: read from /proc, /sys and tracefs, never guessed."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "FINISH_TASK_SWITCH_PATTERN",
+    "KernelFacts",
+    "finish_task_switch_symbols",
+    "probe_kernel",
+]
+
+# The reference hooks every compiler-made copy of finish_task_switch (e.g. `.isra.0` on Debian).
+FINISH_TASK_SWITCH_PATTERN = re.compile(r"^finish_task_switch$|^finish_task_switch\.isra\.\d+$")
+
+_TRACEFS_CANDIDATES = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+
+# Capability bits (linux/capability.h).
+CAP_SYS_PTRACE = 19
+CAP_SYS_ADMIN = 21
+CAP_SYS_RESOURCE = 24
+CAP_PERFMON = 38
+CAP_BPF = 39
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    release: str
+    tracefs: str | None  # where tracefs is mounted, None if nowhere
+    btf: bool
+    kprobes: bool  # the kernel can create kprobes (CONFIG_KPROBE_EVENTS)
+    sched_switch_tracepoint: bool
+    sched_exit_tracepoint: bool
+    kallsyms_readable: bool  # addresses are real (not zeroed by kptr_restrict)
+    finish_task_switch: tuple[str, ...]
+    headers_dir: str | None  # /lib/modules/<release>/build (or source) if it holds linux/sched.h
+    headers_release: str | None  # UTS_RELEASE of those headers
+    capabilities: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def headers_match(self) -> bool:
+        return self.headers_release is not None and self.headers_release == self.release
+
+    def auto_attach(self) -> tuple[str, str]:
+        """The attach mode `auto` chooses, and why."""
+        if self.kprobes and self.finish_task_switch and self.headers_match:
+            return "kprobe", "kprobes available, finish_task_switch found, headers match the kernel"
+        if not self.kprobes:
+            why = "kernel has no kprobes (CONFIG_KPROBES/CONFIG_KPROBE_EVENTS not set)"
+        elif not self.finish_task_switch:
+            why = "no finish_task_switch symbol in /proc/kallsyms"
+        else:
+            why = (f"kernel headers ({self.headers_release or 'none'}) do not match the kernel "
+                   f"({self.release}); kprobe mode reads struct task_struct and needs them")
+        return "tracepoint", why
+
+
+def _tracefs() -> str | None:
+    for path in _TRACEFS_CANDIDATES:
+        if os.path.isdir(os.path.join(path, "events")):
+            return path
+    return None
+
+
+def finish_task_switch_symbols(kallsyms: str = "/proc/kallsyms") -> tuple[str, ...] | None:
+    """Every text symbol matching the reference's pattern; None if kallsyms cannot be read."""
+    found: list[str] = []
+    try:
+        with open(kallsyms, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[1] in "tT" and FINISH_TASK_SWITCH_PATTERN.match(parts[2]):
+                    found.append(parts[2])
+    except OSError:
+        return None
+    return tuple(dict.fromkeys(found))
+
+
+def _kallsyms_readable(kallsyms: str = "/proc/kallsyms") -> bool:
+    try:
+        with open(kallsyms, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                return not line.startswith("0000000000000000")
+    except OSError:
+        return False
+    return False
+
+
+def _headers(release: str) -> tuple[str | None, str | None]:
+    for sub in ("build", "source"):
+        base = Path("/lib/modules") / release / sub
+        if (base / "include" / "linux" / "sched.h").exists():
+            build = Path("/lib/modules") / release / "build"
+            uts = build / "include" / "generated" / "utsrelease.h"
+            version = None
+            try:
+                m = re.search(r'UTS_RELEASE\s+"([^"]+)"', uts.read_text())
+                version = m.group(1) if m else None
+            except OSError:
+                pass
+            return str(base), version
+    return None, None
+
+
+def _capabilities() -> frozenset[int]:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    mask = int(line.split()[1], 16)
+                    return frozenset(bit for bit in range(64) if mask >> bit & 1)
+    except OSError:
+        pass
+    return frozenset()
+
+
+def probe_kernel() -> KernelFacts:
+    release = os.uname().release
+    tracefs = _tracefs()
+    kprobes = bool(tracefs and os.path.exists(os.path.join(tracefs, "kprobe_events")))
+    events = os.path.join(tracefs or "/nonexistent", "events", "sched")
+    headers_dir, headers_release = _headers(release)
+    symbols = finish_task_switch_symbols()
+    return KernelFacts(
+        release=release,
+        tracefs=tracefs,
+        btf=os.path.exists("/sys/kernel/btf/vmlinux"),
+        kprobes=kprobes,
+        sched_switch_tracepoint=os.path.exists(os.path.join(events, "sched_switch", "format")),
+        sched_exit_tracepoint=os.path.exists(os.path.join(events, "sched_process_exit", "format")),
+        kallsyms_readable=_kallsyms_readable(),
+        finish_task_switch=symbols or (),
+        headers_dir=headers_dir,
+        headers_release=headers_release,
+        capabilities=_capabilities(),
+    )

@@ -1,0 +1,250 @@
+"""Which processes to watch: found in /proc, kept current as processes start and exit.
+
+A process is identified by (pid, start time) so that a PID reused by an unrelated process is never
+taken for the old one. The kernel side removes an exiting group leader from its filter map at
+once (sched_process_exit); this module re-adds nothing that is not a current match.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from exporter.snapshot import ProcessInfo, ProcessKey
+
+__all__ = ["ProcessTable", "TargetRules", "parse_stat", "read_process"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TargetRules:
+    pids: tuple[int, ...] = ()
+    comm: re.Pattern[str] | None = None
+    cmdline: re.Pattern[str] | None = None
+    watch_all: bool = False
+    follow_children: bool = False
+    # Extra predicate over a process (e.g. Kubernetes namespace/pod/container selection).
+    predicate: Callable[[ProcessInfo], bool] | None = field(default=None, compare=False)
+
+    @property
+    def scans(self) -> bool:
+        """Whether matching needs a /proc scan (rules other than fixed pids)."""
+        return self.comm is not None or self.cmdline is not None or self.predicate is not None
+
+    def describe(self) -> str:
+        parts = [f"pid={p}" for p in self.pids]
+        if self.comm is not None:
+            parts.append(f"comm=~{self.comm.pattern}")
+        if self.cmdline is not None:
+            parts.append(f"cmdline=~{self.cmdline.pattern}")
+        if self.watch_all:
+            parts.append("all")
+        return ", ".join(parts) or "nothing"
+
+
+def parse_stat(text: str) -> tuple[str, int, int]:
+    """(comm, ppid, start ticks) from /proc/PID/stat. comm may hold spaces and parentheses:
+    it runs from the first '(' to the last ')'."""
+    lpar, rpar = text.index("("), text.rindex(")")
+    comm = text[lpar + 1 : rpar]
+    fields = text[rpar + 2 :].split()
+    # fields[0] is field 3 (state); ppid is field 4, starttime field 22.
+    return comm, int(fields[1]), int(fields[19])
+
+
+def read_process(pid: int, proc_root: str = "/proc", *, with_cmdline: bool = False) -> ProcessInfo | None:
+    """The process's identity now, or None if it does not exist (or is not a process but a thread)."""
+    base = f"{proc_root}/{pid}"
+    try:
+        with open(f"{base}/stat", encoding="utf-8", errors="replace") as f:
+            comm, _, start = parse_stat(f.read())
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        exe = os.readlink(f"{base}/exe")
+    except OSError:
+        exe = ""  # kernel threads, or no ptrace access
+    cmdline: tuple[str, ...] = ()
+    if with_cmdline:
+        try:
+            with open(f"{base}/cmdline", "rb") as f:
+                raw = f.read()
+            cmdline = tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+        except OSError:
+            pass
+    return ProcessInfo(key=ProcessKey(pid, start), comm=comm, exe=exe, cmdline=cmdline)
+
+
+def _is_thread_group_leader(pid: int, proc_root: str) -> bool:
+    # /proc/TID exists for threads too (hidden from listings); Tgid tells them apart.
+    try:
+        with open(f"{proc_root}/{pid}/status", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1]) == pid
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+@dataclass
+class _Entry:
+    info: ProcessInfo
+    watched: bool  # in the kernel filter (False: known only for attribution, e.g. --all)
+    exited_at: float | None = None
+
+
+class ProcessTable:
+    """The processes the exporter knows: watched targets, and (with --all or followed children)
+    processes first seen in the kernel's counters. Keeps exited ones for a grace period so their
+    last counts are attributed correctly."""
+
+    def __init__(self, rules: TargetRules, *, proc_root: str = "/proc", exclude: Iterable[int] = (),
+                 enrich: Callable[[ProcessInfo], ProcessInfo] | None = None) -> None:
+        self.rules = rules
+        self.proc_root = proc_root
+        self.exclude = frozenset(exclude) | {0}
+        self.enrich = enrich or (lambda info: info)
+        self._by_pid: dict[int, _Entry] = {}  # live processes
+        self._exited: dict[ProcessKey, _Entry] = {}  # exited, kept for the grace period
+        self._last_exited: dict[int, ProcessKey] = {}  # pid -> the most recent exited holder
+        self._pinned: dict[int, ProcessKey | None] = {}  # --pid: the identity asked for
+        self.problems: dict[str, int] = {}
+
+    # -- what is watched -------------------------------------------------------------------
+
+    def start(self) -> list[str]:
+        """Resolve --pid targets once at start; returns a message per pid that does not exist."""
+        errors = []
+        for pid in self.rules.pids:
+            info = read_process(pid, self.proc_root, with_cmdline=self._wants_cmdline)
+            if info is None or not _is_thread_group_leader(pid, self.proc_root):
+                errors.append(f"pid {pid} does not exist (or is a thread, not a process)")
+                self._pinned[pid] = None
+                continue
+            self._pinned[pid] = info.key
+            self._by_pid[pid] = _Entry(self.enrich(info), watched=True)
+        return errors
+
+    @property
+    def _wants_cmdline(self) -> bool:
+        return self.rules.cmdline is not None
+
+    def _matches(self, info: ProcessInfo) -> bool:
+        if info.pid in self.exclude:
+            return False
+        pinned = self._pinned.get(info.pid)
+        if pinned is not None and pinned == info.key:
+            return True
+        r = self.rules
+        selected = (
+            (r.comm is not None and r.comm.search(info.comm) is not None)
+            or (r.cmdline is not None and r.cmdline.search(" ".join(info.cmdline)) is not None)
+            or (r.comm is None and r.cmdline is None and r.predicate is not None)
+        )
+        return selected and (r.predicate is None or r.predicate(info))
+
+    def refresh(self, now: float | None = None) -> tuple[list[ProcessInfo], list[ProcessInfo]]:
+        """Re-read /proc: (newly watched, newly exited)."""
+        now = time.monotonic() if now is None else now
+        added: list[ProcessInfo] = []
+        exited: list[ProcessInfo] = []
+        for pid, entry in list(self._by_pid.items()):
+            current = read_process(pid, self.proc_root)
+            if current is None or current.key != entry.info.key:
+                exited.append(self._retire(pid, now))
+                if pid in self._pinned:
+                    log.warning("target pid %d exited", pid)
+        if self.rules.scans:
+            for name in os.listdir(self.proc_root):
+                if not name.isdigit() or int(name) in self._by_pid:
+                    continue
+                info = read_process(int(name), self.proc_root, with_cmdline=self._wants_cmdline)
+                if info is None:
+                    continue
+                info = self.enrich(info)
+                if self._matches(info):
+                    self._by_pid[info.pid] = _Entry(info, watched=True)
+                    added.append(info)
+        return added, exited
+
+    def _retire(self, pid: int, now: float) -> ProcessInfo:
+        entry = self._by_pid.pop(pid)
+        entry.exited_at = now
+        entry.info = replace(entry.info, exited=True)
+        self._exited[entry.info.key] = entry
+        self._last_exited[pid] = entry.info.key
+        return entry.info
+
+    def adopt(self, pid: int, *, parent: int | None = None, comm: str = "", boot_ns: int = 0,
+              now: float | None = None) -> ProcessInfo:
+        """A tgid seen in the kernel counters that is not in the table (--all, followed children):
+        identify it from /proc, or, if it already exited, from what the kernel recorded at fork."""
+        entry = self._by_pid.get(pid)
+        if entry is not None:
+            return entry.info
+        recent = self.latest(pid)
+        if recent is not None:
+            # Counted before it exited; the kernel stopped watching the pid at its exit.
+            return recent
+        now = time.monotonic() if now is None else now
+        info = read_process(pid, self.proc_root, with_cmdline=self._wants_cmdline)
+        if info is None or not _is_thread_group_leader(pid, self.proc_root):
+            ticks = boot_ns * os.sysconf("SC_CLK_TCK") // 1_000_000_000 if boot_ns else 0
+            key = ProcessKey(pid, ticks)
+            if key in self._exited:
+                return self._exited[key].info
+            parent_entry = self._by_pid.get(parent) if parent else None
+            exe = parent_entry.info.exe if parent_entry else ""
+            info = ProcessInfo(key=key, comm=comm or "[exited]", exe=exe, exited=True)
+            self._exited[key] = _Entry(info, watched=False, exited_at=now)
+            self._last_exited[pid] = key
+            return info
+        info = self.enrich(info)
+        self._by_pid[pid] = _Entry(info, watched=self.rules.follow_children and parent is not None)
+        return info
+
+    def info(self, pid: int) -> ProcessInfo | None:
+        """The live process with this pid."""
+        entry = self._by_pid.get(pid)
+        return entry.info if entry else None
+
+    def latest(self, pid: int) -> ProcessInfo | None:
+        """The live process with this pid, else the last one that held it and exited."""
+        entry = self._by_pid.get(pid)
+        if entry is not None:
+            return entry.info
+        key = self._last_exited.get(pid)
+        old = self._exited.get(key) if key is not None else None
+        return old.info if old else None
+
+    def info_of(self, key: ProcessKey) -> ProcessInfo | None:
+        entry = self._by_pid.get(key.pid)
+        if entry is not None and entry.info.key == key:
+            return entry.info
+        old = self._exited.get(key)
+        return old.info if old else None
+
+    def watched_pids(self) -> set[int]:
+        return {pid for pid, e in self._by_pid.items() if e.watched}
+
+    def live(self) -> list[ProcessInfo]:
+        return [e.info for e in self._by_pid.values()]
+
+    def expire(self, grace_seconds: float, now: float | None = None) -> list[ProcessInfo]:
+        """Forget processes that exited more than `grace_seconds` ago; returns them."""
+        now = time.monotonic() if now is None else now
+        gone = [e for e in self._exited.values() if e.exited_at is not None and now - e.exited_at >= grace_seconds]
+        for entry in gone:
+            del self._exited[entry.info.key]
+            if self._last_exited.get(entry.info.pid) == entry.info.key:
+                del self._last_exited[entry.info.pid]
+        return [e.info for e in gone]
+
+    def __len__(self) -> int:
+        return len(self.watched_pids())

@@ -1,0 +1,103 @@
+"""Builds and runs tests/workloads/offcpu_workload.c: processes with known blocking."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SOURCE = Path(__file__).resolve().parent.parent / "workloads" / "offcpu_workload.c"
+_BUILD_DIR = Path(os.environ.get("OFFCPU_TEST_BUILD", Path(tempfile.gettempdir()) / "offcpu-test-build"))
+
+
+def build(source: Path = SOURCE, name: str | None = None, extra_flags: tuple[str, ...] = ()) -> Path:
+    """Compile once per source content (cached by mtime in a temp dir that survives the read-only
+    checkout of the kernel-matrix guest)."""
+    _BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    out = _BUILD_DIR / (name or source.stem)
+    if not out.exists() or out.stat().st_mtime < source.stat().st_mtime:
+        tmp = out.with_suffix(".tmp")
+        subprocess.run(
+            ["gcc", "-O0", "-g", "-fno-omit-frame-pointer", "-pthread", *extra_flags, "-o", str(tmp),
+             str(source)],
+            check=True,
+        )
+        tmp.replace(out)
+    return out
+
+
+@dataclass
+class ThreadResult:
+    tid: int
+    function: str
+    blocked_ns: int
+    calls: int
+    wall_ns: int
+    oncpu_ns: int
+    runq_ns: int
+
+
+@dataclass
+class WorkloadResult:
+    pid: int
+    mode: str
+    iterations: int
+    interval_ms: int
+    wall_ns: int
+    threads: list[ThreadResult]
+
+    @property
+    def blocked_ns(self) -> int:
+        return sum(t.blocked_ns for t in self.threads)
+
+    @property
+    def calls(self) -> int:
+        return sum(t.calls for t in self.threads)
+
+
+class Workload:
+    """A started workload. With `wait_go` (default) it prints its pid and waits for `go()`."""
+
+    def __init__(self, mode: str, *, threads: int = 1, iterations: int = 50, interval_ms: int = 20,
+                 wait_go: bool = True, binary: Path | None = None) -> None:
+        self.binary = binary or build()
+        args = [str(self.binary), mode, "--threads", str(threads), "--iterations", str(iterations),
+                "--interval-ms", str(interval_ms)]
+        if wait_go:
+            args.append("--wait-go")
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+        self._waiting = wait_go
+        if wait_go:
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline().split()
+            if line[:1] != ["ready"]:
+                raise RuntimeError(f"workload did not start: {line!r}")
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def wait(self, timeout: float = 120) -> WorkloadResult:
+        out, _ = self.proc.communicate(timeout=timeout)
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"workload exited with {self.proc.returncode}")
+        data: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        threads = [ThreadResult(**t) for t in data.pop("threads")]
+        return WorkloadResult(threads=threads, **data)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> Workload:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()

@@ -1,0 +1,295 @@
+/* Test workloads with known blocking, for the end-to-end tests.
+ *
+ * Built with -O0 -fno-omit-frame-pointer. Every blocking system call is made with an inline
+ * `syscall` instruction from a named function, so that the leaf user frame of the off-CPU stack is
+ * that function even though Debian's glibc has no frame pointers. Frames above it are our own
+ * functions (with frame pointers) up to main / the thread start routine.
+ *
+ * Usage: offcpu_workload MODE [--threads N] [--iterations N] [--interval-ms MS] [--wait-go]
+ *   sleep   each thread: N x clock_nanosleep(MS)                        in offcpu_sleep_ms
+ *   pipe    each thread blocks in read() of a pipe; a writer thread writes every MS ms
+ *                                                                        in offcpu_pipe_read
+ *   mutex   threads contend on a futex lock held MS ms by each holder    in offcpu_lock_wait
+ *   child   forks N short-lived children, each sleeps MS ms once           in offcpu_child_sleep
+ *
+ * With --wait-go it prints "ready <pid>" and waits for a line on stdin before working, so that the
+ * probe is attached first. At the end it prints one JSON line: per thread, its tid, the named
+ * blocking function, the time spent inside that function's system calls (CLOCK_MONOTONIC around
+ * each call) and wall/on-CPU figures from schedstat.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_THREADS 64
+
+static int threads = 1, iterations = 50, interval_ms = 20;
+static const char *mode;
+static int pipe_fds[2];
+static atomic_int lock_word;
+
+struct thread_result {
+	long tid;
+	const char *function;
+	uint64_t blocked_ns;  /* time inside the blocking system calls */
+	uint64_t calls;       /* number of blocking calls that returned */
+	uint64_t start_ns, end_ns;
+	uint64_t oncpu_start_ns, oncpu_end_ns; /* /proc/self/task/TID/schedstat field 1 */
+	uint64_t runq_start_ns, runq_end_ns;   /* field 2: run-queue wait */
+};
+static struct thread_result results[MAX_THREADS];
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+static void schedstat(long tid, uint64_t *oncpu, uint64_t *runq)
+{
+	char path[64];
+	unsigned long long a = 0, b = 0;
+	snprintf(path, sizeof(path), "/proc/self/task/%ld/schedstat", tid);
+	FILE *f = fopen(path, "r");
+	if (f) {
+		if (fscanf(f, "%llu %llu", &a, &b) != 2)
+			a = b = 0;
+		fclose(f);
+	}
+	*oncpu = a;
+	*runq = b;
+}
+
+static long raw_syscall4(long nr, long a, long b, long c, long d)
+{
+	long ret;
+	register long r10 __asm__("r10") = d;
+	__asm__ volatile("syscall" : "=a"(ret) : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10)
+			 : "rcx", "r11", "memory");
+	return ret;
+}
+
+/* Each named function below issues its own syscall instruction: it is the leaf user frame. */
+__attribute__((noinline)) void offcpu_sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	long ret;
+	register long r10 __asm__("r10") = 0;
+	__asm__ volatile("syscall" : "=a"(ret)
+			 : "a"(SYS_clock_nanosleep), "D"(CLOCK_MONOTONIC), "S"(0), "d"(&ts), "r"(r10)
+			 : "rcx", "r11", "memory");
+}
+
+__attribute__((noinline)) long offcpu_pipe_read(int fd, char *buf, long len)
+{
+	long ret;
+	__asm__ volatile("syscall" : "=a"(ret) : "a"(SYS_read), "D"(fd), "S"(buf), "d"(len)
+			 : "rcx", "r11", "memory");
+	return ret;
+}
+
+__attribute__((noinline)) void offcpu_lock_wait(atomic_int *word)
+{
+	long ret;
+	register long r10 __asm__("r10") = 0;
+	__asm__ volatile("syscall" : "=a"(ret)
+			 : "a"(SYS_futex), "D"(word), "S"(FUTEX_WAIT_PRIVATE), "d"(2), "r"(r10)
+			 : "rcx", "r11", "memory");
+}
+
+__attribute__((noinline)) void offcpu_child_sleep(int ms)
+{
+	offcpu_sleep_ms(ms);
+}
+
+static void lock_acquire(struct thread_result *r)
+{
+	int c = 0;
+	if (atomic_compare_exchange_strong(&lock_word, &c, 1))
+		return;
+	if (c != 2)
+		c = atomic_exchange(&lock_word, 2);
+	while (c != 0) {
+		uint64_t t0 = now_ns();
+		offcpu_lock_wait(&lock_word);
+		r->blocked_ns += now_ns() - t0;
+		r->calls++;
+		c = atomic_exchange(&lock_word, 2);
+	}
+}
+
+static void lock_release(void)
+{
+	if (atomic_fetch_sub(&lock_word, 1) != 1) {
+		atomic_store(&lock_word, 0);
+		raw_syscall4(SYS_futex, (long)&lock_word, FUTEX_WAKE_PRIVATE, 1, 0);
+	}
+}
+
+static void busy_ms(int ms)
+{
+	uint64_t end = now_ns() + (uint64_t)ms * 1000000ull;
+	while (now_ns() < end)
+		;
+}
+
+__attribute__((noinline)) void sleep_worker(struct thread_result *r)
+{
+	for (int i = 0; i < iterations; i++) {
+		uint64_t t0 = now_ns();
+		offcpu_sleep_ms(interval_ms);
+		r->blocked_ns += now_ns() - t0;
+		r->calls++;
+	}
+}
+
+__attribute__((noinline)) void pipe_worker(struct thread_result *r)
+{
+	char c;
+	for (;;) {
+		uint64_t t0 = now_ns();
+		long n = offcpu_pipe_read(pipe_fds[0], &c, 1);
+		r->blocked_ns += now_ns() - t0;
+		r->calls++;
+		if (n <= 0 || c == 'q')
+			break;
+	}
+}
+
+__attribute__((noinline)) void mutex_worker(struct thread_result *r)
+{
+	for (int i = 0; i < iterations; i++) {
+		lock_acquire(r);
+		busy_ms(interval_ms);
+		lock_release();
+	}
+}
+
+static void *thread_main(void *arg)
+{
+	struct thread_result *r = arg;
+	r->tid = syscall(SYS_gettid);
+	schedstat(r->tid, &r->oncpu_start_ns, &r->runq_start_ns);
+	r->start_ns = now_ns();
+	if (!strcmp(mode, "sleep")) {
+		r->function = "offcpu_sleep_ms";
+		sleep_worker(r);
+	} else if (!strcmp(mode, "pipe")) {
+		r->function = "offcpu_pipe_read";
+		pipe_worker(r);
+	} else {
+		r->function = "offcpu_lock_wait";
+		mutex_worker(r);
+	}
+	r->end_ns = now_ns();
+	schedstat(r->tid, &r->oncpu_end_ns, &r->runq_end_ns);
+	return NULL;
+}
+
+static void run_children(void)
+{
+	struct thread_result *r = &results[0];
+	r->tid = getpid();
+	r->function = "offcpu_child_sleep";
+	r->start_ns = now_ns();
+	for (int i = 0; i < iterations; i++) {
+		pid_t pid = fork();
+		if (pid == 0) {
+			offcpu_child_sleep(interval_ms);
+			_exit(0);
+		}
+		int status;
+		waitpid(pid, &status, 0);
+		r->calls++;
+	}
+	r->blocked_ns = (uint64_t)iterations * interval_ms * 1000000ull; /* requested, per child */
+	r->end_ns = now_ns();
+}
+
+int main(int argc, char **argv)
+{
+	int wait_go = 0;
+	if (argc < 2) {
+		fprintf(stderr, "usage: %s sleep|pipe|mutex|child [--threads N] [--iterations N] "
+				"[--interval-ms MS] [--wait-go]\n", argv[0]);
+		return 2;
+	}
+	mode = argv[1];
+	for (int i = 2; i < argc; i++) {
+		if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+			threads = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--iterations") && i + 1 < argc)
+			iterations = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--interval-ms") && i + 1 < argc)
+			interval_ms = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--wait-go"))
+			wait_go = 1;
+		else {
+			fprintf(stderr, "unknown argument %s\n", argv[i]);
+			return 2;
+		}
+	}
+	if (threads < 1 || threads > MAX_THREADS)
+		threads = 1;
+	if (wait_go) {
+		char line[16];
+		printf("ready %d\n", getpid());
+		fflush(stdout);
+		if (!fgets(line, sizeof(line), stdin))
+			return 1;
+	}
+	uint64_t t0 = now_ns();
+	int n = threads;
+	if (!strcmp(mode, "child")) {
+		n = 1;
+		run_children();
+	} else {
+		pthread_t tids[MAX_THREADS], writer = 0;
+		if (!strcmp(mode, "pipe") && pipe(pipe_fds) != 0)
+			return 1;
+		for (int i = 0; i < n; i++)
+			pthread_create(&tids[i], NULL, thread_main, &results[i]);
+		if (!strcmp(mode, "pipe")) {
+			(void)writer;
+			for (int i = 0; i < iterations; i++) {
+				busy_ms(0);
+				struct timespec ts = { interval_ms / 1000, (long)(interval_ms % 1000) * 1000000L };
+				nanosleep(&ts, NULL);
+				for (int t = 0; t < n; t++)
+					if (write(pipe_fds[1], "x", 1) != 1)
+						return 1;
+			}
+			for (int t = 0; t < n; t++)
+				if (write(pipe_fds[1], "q", 1) != 1)
+					return 1;
+		}
+		for (int i = 0; i < n; i++)
+			pthread_join(tids[i], NULL);
+	}
+	uint64_t t1 = now_ns();
+	printf("{\"pid\": %d, \"mode\": \"%s\", \"iterations\": %d, \"interval_ms\": %d, \"wall_ns\": %llu, "
+	       "\"threads\": [", getpid(), mode, iterations, interval_ms, (unsigned long long)(t1 - t0));
+	for (int i = 0; i < n; i++) {
+		struct thread_result *r = &results[i];
+		printf("%s{\"tid\": %ld, \"function\": \"%s\", \"blocked_ns\": %llu, \"calls\": %llu, "
+		       "\"wall_ns\": %llu, \"oncpu_ns\": %llu, \"runq_ns\": %llu}",
+		       i ? ", " : "", r->tid, r->function, (unsigned long long)r->blocked_ns,
+		       (unsigned long long)r->calls, (unsigned long long)(r->end_ns - r->start_ns),
+		       (unsigned long long)(r->oncpu_end_ns - r->oncpu_start_ns),
+		       (unsigned long long)(r->runq_end_ns - r->runq_start_ns));
+	}
+	printf("]}\n");
+	fflush(stdout);
+	return 0;
+}
