@@ -1,6 +1,7 @@
 /* A process whose code addresses the symbolizer tests name. It prints "NAME ADDRESS" lines,
  * then "ready", then obeys commands on stdin:
  *   dlopen PATH   load PATH and print the address of its symbols_plugin_func
+ *   plugin MS     block for MS milliseconds in the loaded library's symbols_plugin_sleep
  *   jit MS        block for MS milliseconds inside the run-time generated code
  *   sleep MS      block for MS milliseconds in symbols_blocking_sleep (an inline syscall)
  * Built with -O0 -fno-omit-frame-pointer so user stacks walk through these functions. */
@@ -62,13 +63,18 @@ int main(void) {
     printf("jit_nanosleep_stub %p\n", (void *)code);
     printf("ready\n");
 
+    void (*plugin_sleep)(long) = NULL;
     char line[4096];
     while (fgets(line, sizeof line, stdin)) {
         line[strcspn(line, "\n")] = 0;
         if (strncmp(line, "dlopen ", 7) == 0) {
             void *h = dlopen(line + 7, RTLD_NOW);
             void *f = h ? dlsym(h, "symbols_plugin_func") : NULL;
+            plugin_sleep = h ? (void (*)(long))dlsym(h, "symbols_plugin_sleep") : NULL;
             printf("symbols_plugin_func %p\n", f);
+        } else if (strncmp(line, "plugin ", 7) == 0 && plugin_sleep) {
+            plugin_sleep(atol(line + 7));
+            printf("done\n");
         } else if (strncmp(line, "jit ", 4) == 0) {
             long ms = atol(line + 4);
             struct timespec ts = {0, 1000000L};
