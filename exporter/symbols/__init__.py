@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from exporter.ratelimit import RateLimitedLog
 from exporter.snapshot import Frame, FrameKind
 from exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS, debug_file_candidates, file_crc32
 from exporter.symbols.demangle import demangle
@@ -122,8 +123,7 @@ class Symbolizer:
         self._processes: dict[int, _Process] = {}
         self._failures = 0
         self._lock = threading.Lock()
-        self._errors_suppressed = 0
-        self._error_logged_at = -1e9
+        self._errors = RateLimitedLog(log, _ERROR_LOG_INTERVAL)
         self._unexpected_errors = 0
 
     # -- public interface -------------------------------------------------------------------
@@ -344,6 +344,9 @@ class Symbolizer:
                     symtab, debug_file = debug.symtab, path
                     log.debug("symbols of %s from %s (%s)", binary_path, path, how)
                     break
+        if not debug_file and (symtab is None or not symtab.entries):
+            log.debug("no .symtab and no debug file for %s (build id %s): .dynsym only", binary_path,
+                      info.build_id or "none")
         table = SymbolTable.build([symtab, info.dynsym])
         info.symtab = info.dynsym = None  # the table holds what is needed
         return _SymbolFile(info, table, debug_file)
@@ -415,19 +418,7 @@ class Symbolizer:
 
     def _log_error(self, what: str, exc: Exception) -> None:
         self._unexpected_errors += 1
-        now = time.monotonic()
-        if now - self._error_logged_at < _ERROR_LOG_INTERVAL:
-            self._errors_suppressed += 1
-            return
-        log.warning(
-            "symbolization error (%s): %s: %s (%d similar errors suppressed)",
-            what,
-            type(exc).__name__,
-            exc,
-            self._errors_suppressed,
-        )
-        self._error_logged_at = now
-        self._errors_suppressed = 0
+        self._errors.warning("symbolization error (%s): %s: %s", what, type(exc).__name__, exc)
 
 
 def _placeholder(module: str, offset: int, build_id: str = "") -> Frame:

@@ -13,8 +13,8 @@ def run() -> Iterator[Callable[..., Program]]:
     """Start test programs; every one is stopped (and its perf map removed) at the end."""
     started: list[Program] = []
 
-    def _run(binary: Path | str, *args: str) -> Program:
-        program = start([str(binary), *args])
+    def _run(binary: Path | str, *args: str, cwd: Path | None = None) -> Program:
+        program = start([str(binary), *args], cwd=cwd)
         started.append(program)
         return program
 

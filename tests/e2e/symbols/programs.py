@@ -6,11 +6,15 @@ import os
 import select
 import shutil
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from exporter.formats.folded import parse_folded
 
 SOURCES = Path(__file__).parent
 READY = "ready"
@@ -89,9 +93,10 @@ class Program:
             perf_map.unlink()
 
 
-def start(argv: list[str], env: dict[str, str] | None = None) -> Program:
+def start(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> Program:
     proc = subprocess.Popen(
         argv,
+        cwd=cwd,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         bufsize=0,
@@ -104,3 +109,69 @@ def start(argv: list[str], env: dict[str, str] | None = None) -> Program:
         program.stop()
         raise
     return program
+
+
+class Recorder:
+    """`offcpu-exporter record` in the background, ready once its probe is attached."""
+
+    def __init__(self, pids: list[int], duration: float) -> None:
+        # Debug logging: the symbolizer says which files and debug files it used, for failure messages.
+        argv = [sys.executable, "-m", "exporter", "record", "--log-level", "debug", "--format", "folded"]
+        argv += ["--duration", str(duration)]
+        for pid in pids:
+            argv += ["--pid", str(pid)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.stderr: list[str] = []
+        self.attached = threading.Event()
+        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._reader.start()
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+            if "probe attached" in line:
+                self.attached.set()
+
+    def wait_attached(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.attached.wait(0.2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                pytest.fail("exporter did not attach: " + "".join(self.stderr[-20:]))
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "".join(line for line in self.stderr if "exporter.symbols" in line)[-6000:] + "".join(
+            self.stderr[-lines:]
+        )
+
+    def result(self, timeout: float = 120.0) -> dict[str, int]:
+        # Not communicate(): it would read stderr too, racing the reader thread.
+        assert self.proc.stdout is not None
+        timer = threading.Timer(timeout, self.proc.kill)
+        timer.start()
+        try:
+            out = self.proc.stdout.read()
+            self.proc.wait()
+        finally:
+            timer.cancel()
+        self.proc.stdout.close()
+        self._reader.join(5)
+        assert self.proc.returncode == 0, "".join(self.stderr[-20:])
+        return parse_folded(out)
+
+
+def off_cpu_us(folded: dict[str, int], comm: str, user_leaf: str) -> int:
+    """Off-CPU microseconds of `comm`'s stacks whose innermost user frame is `user_leaf`, found as
+    the frame right before the kernel's syscall entry."""
+    total = 0
+    for stack, us in folded.items():
+        frames = stack.split(";")
+        if frames[0] != comm:
+            continue
+        for i, frame in enumerate(frames[1:], 1):
+            if frame.startswith("entry_SYSCALL"):
+                if frames[i - 1] == user_leaf:
+                    total += us
+                break
+    return total

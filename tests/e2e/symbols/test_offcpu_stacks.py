@@ -7,71 +7,18 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from exporter.formats.folded import parse_folded
-from tests.e2e.symbols.programs import Program, compile_c, need
+from tests.e2e.symbols.programs import Program, Recorder, compile_c, need, off_cpu_us
 
 pytestmark = pytest.mark.kernel
 
 RunProgram = Callable[..., Program]
 BLOCK_MS = 800
-
-
-class Recorder:
-    """`offcpu-exporter record` in the background, ready once its probe is attached."""
-
-    def __init__(self, pids: list[int], duration: float) -> None:
-        argv = [sys.executable, "-m", "exporter", "record", "--format", "folded", "--duration", str(duration)]
-        for pid in pids:
-            argv += ["--pid", str(pid)]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.stderr: list[str] = []
-        self.attached = threading.Event()
-        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
-        self._reader.start()
-
-    def _read_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.stderr.append(line)
-            if "probe attached" in line:
-                self.attached.set()
-
-    def wait_attached(self, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.attached.wait(0.2):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                pytest.fail("exporter did not attach: " + "".join(self.stderr[-20:]))
-
-    def result(self, timeout: float = 120.0) -> dict[str, int]:
-        out, _ = self.proc.communicate(timeout=timeout)
-        self._reader.join(5)
-        assert self.proc.returncode == 0, "".join(self.stderr[-20:])
-        return parse_folded(out)
-
-
-def off_cpu_us(folded: dict[str, int], comm: str, user_leaf: str) -> int:
-    """Off-CPU microseconds of `comm`'s stacks whose innermost user frame is `user_leaf`, found as
-    the frame right before the kernel's syscall entry."""
-    total = 0
-    for stack, us in folded.items():
-        frames = stack.split(";")
-        if frames[0] != comm:
-            continue
-        for i, frame in enumerate(frames[1:], 1):
-            if frame.startswith("entry_SYSCALL"):
-                if frames[i - 1] == user_leaf:
-                    total += us
-                break
-    return total
 
 
 def test_jit_dlopen_and_stripped_deleted_frames(run: RunProgram, tmp_path: Path) -> None:
@@ -108,7 +55,7 @@ def test_jit_dlopen_and_stripped_deleted_frames(run: RunProgram, tmp_path: Path)
     elapsed_us = (time.monotonic() - started) * 1e6
     folded = recorder.result()
 
-    shown = "\n".join(sorted(folded)[:40])
+    shown = "\n".join(sorted(folded)[:40]) + "\n" + recorder.log_tail()
     jit_us = off_cpu_us(folded, "symjit", "jit_nanosleep_stub")
     plugin_us = off_cpu_us(folded, "symjit", "symbols_plugin_sleep")
     stripped_us = off_cpu_us(folded, "symstrip", "symbols_blocking_sleep")

@@ -68,9 +68,7 @@ def names(frames: tuple) -> list[str]:
 
 
 @pytest.mark.parametrize(("variant", "etype"), [("pie", "ET_DYN"), ("nopie", "ET_EXEC")])
-def test_own_functions_by_address(
-    binaries: dict[str, Path], run: RunProgram, variant: str, etype: str
-) -> None:
+def test_own_functions_by_address(binaries: dict[str, Path], run: RunProgram, variant: str, etype: str) -> None:
     binary = binaries[variant]
     assert elf_type(binary) == etype  # both load-bias cases are really exercised
     program = run(binary)
@@ -147,9 +145,7 @@ def _stripped_with_debug(binary: Path, workdir: Path) -> tuple[Path, Path]:
 
 def test_stripped_binary_debuglink(binaries: dict[str, Path], run: RunProgram, tmp_path: Path) -> None:
     stripped, debug = _stripped_with_debug(binaries["pie"], tmp_path)
-    subprocess.run(
-        ["objcopy", f"--add-gnu-debuglink={debug}", str(stripped)], check=True, cwd=tmp_path, timeout=60
-    )
+    subprocess.run(["objcopy", f"--add-gnu-debuglink={debug}", str(stripped)], check=True, cwd=tmp_path, timeout=60)
     with open(stripped, "rb") as f:
         assert ELFFile(f).get_section_by_name(".symtab") is None
     program = run(stripped)
@@ -163,9 +159,7 @@ def test_stripped_binary_debuglink_crc_mismatch_is_ignored(
     binaries: dict[str, Path], run: RunProgram, tmp_path: Path
 ) -> None:
     stripped, debug = _stripped_with_debug(binaries["pie"], tmp_path)
-    subprocess.run(
-        ["objcopy", f"--add-gnu-debuglink={debug}", str(stripped)], check=True, cwd=tmp_path, timeout=60
-    )
+    subprocess.run(["objcopy", f"--add-gnu-debuglink={debug}", str(stripped)], check=True, cwd=tmp_path, timeout=60)
     with open(debug, "ab") as f:
         f.write(b"changed")  # now the CRC recorded in the binary does not match
     program = run(stripped)
@@ -185,15 +179,11 @@ def test_stripped_binary_build_id(binaries: dict[str, Path], run: RunProgram, tm
     shutil.move(str(debug), target)
     program = run(stripped)
     assert (
-        Symbolizer(debug_dirs=["/nonexistent"])
-        .user(program.pid, [program.addresses["symbols_static_beta"]])[0]
-        .kind
+        Symbolizer(debug_dirs=["/nonexistent"]).user(program.pid, [program.addresses["symbols_static_beta"]])[0].kind
         is FrameKind.PLACEHOLDER
     )
     sym = Symbolizer(debug_dirs=[str(debug_root)])
-    frames = sym.user(
-        program.pid, [program.addresses["symbols_static_beta"], program.addresses["symbols_alpha"]]
-    )
+    frames = sym.user(program.pid, [program.addresses["symbols_static_beta"], program.addresses["symbols_alpha"]])
     assert names(frames) == ["symbols_static_beta", "symbols_alpha"]
     assert frames[0].build_id == bid
 
@@ -306,9 +296,7 @@ def test_kernel_address_from_kallsyms() -> None:
     frames = sym.kernel([address, address + 4])
     assert names(frames) == ["do_nanosleep", "do_nanosleep"]
     assert frames[0].kind is FrameKind.KERNEL and frames[0].module == "[kernel]"
-    module_rows = [
-        r for r in rows if len(r) > 3 and r[1] in "tT" and r[3] not in ("[bpf]", "[__builtin__ftrace]")
-    ]
+    module_rows = [r for r in rows if len(r) > 3 and r[1] in "tT" and r[3] not in ("[bpf]", "[__builtin__ftrace]")]
     if module_rows:
         row = module_rows[0]
         (frame,) = sym.kernel([int(row[0], 16)])
