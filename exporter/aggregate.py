@@ -49,6 +49,8 @@ class Symbolizer(Protocol):
 
     def user(self, pid: int, addresses: Sequence[int]) -> tuple[Frame, ...]: ...
 
+    def prepare(self, pid: int) -> None: ...
+
     def forget(self, pid: int) -> None: ...
 
     @property
@@ -155,7 +157,8 @@ class Aggregator:
         self._latest = snapshot
         return snapshot
 
-    def _drain(self, rows: list[tuple[RawKey, int, int]], unchanged: list[RawKey]) -> list[tuple[RawKey, tuple[int, int]]]:
+    def _drain(self, rows: list[tuple[RawKey, int, int]],
+               unchanged: list[RawKey]) -> list[tuple[RawKey, tuple[int, int]]]:
         cap = self.probe.config.max_counts
         if len(rows) >= self.config.high_water * cap:
             victims = unchanged
@@ -211,8 +214,11 @@ class Aggregator:
         tgid, tid, user_id, kernel_id, reason_value = raw
         info = self._process_of(tgid)
         symbol_pid = tgid
-        if info.exited and tgid in self._children:
-            symbol_pid = self._children[tgid][0]  # forked, never exec'd: the parent's address space
+        child = self._children.get(tgid)
+        if child is not None and child[2] == info.comm and self.processes.info(child[0]) is not None:
+            # Forked by a watched process and (same comm) not exec'd since: the parent's address
+            # space, which stays readable when a short-lived child is already gone.
+            symbol_pid = child[0]
         stack = Stack(self._user_frames(symbol_pid, user_id, inc.count), self._kernel_frames(kernel_id, inc.count))
         try:
             reason = Reason(reason_value)

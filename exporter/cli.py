@@ -30,7 +30,9 @@ __all__ = ["main"]
 log = logging.getLogger("exporter")
 
 # Output modules plugged into `serve` (see exporter/sinks/__init__.py).
-SINK_MODULES: tuple[str, ...] = ()
+SINK_MODULES: tuple[str, ...] = (
+    "exporter.sinks.prometheus",
+)
 
 # The port is not one of the well-known exporter ports (9100 node, 9435 ebpf_exporter, ...).
 DEFAULT_LISTEN = ":9961"

@@ -43,6 +43,7 @@ class Pipeline:
         self._flush_requests = 0
         self._thread: threading.Thread | None = None
         self._sink_errors = RateLimitedLog(log, interval=60)
+        self._prepared: set[int] = set()
 
     # -- what sinks and handlers call (any thread) ----------------------------------------
 
@@ -73,13 +74,16 @@ class Pipeline:
 
     def sync_targets(self) -> None:
         """Make the kernel filter map match the process table."""
-        added, _ = self.processes.refresh()
+        added, exited = self.processes.refresh()
         if added:
             log.info("watching %d new process(es): %s", len(added),
                      ", ".join(f"{p.comm}[{p.pid}]" for p in added[:10]))
-        for info in added:
-            # Read the new process's mappings while it is alive; it may exit before its first flush.
-            self.aggregator.symbolizer.user(info.pid, ())
+        for info in exited:
+            self._prepared.discard(info.pid)
+        for pid in self.processes.watched_pids() - self._prepared:
+            # Read a new target's mappings while it is alive: it may exit before its first flush.
+            self.aggregator.symbolizer.prepare(pid)
+            self._prepared.add(pid)
         kernel = self.probe.kernel_targets()
         if self.probe.config.watch_all:
             for pid in self._exclude:

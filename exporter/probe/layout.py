@@ -62,7 +62,17 @@ class OffcpuHistKey(ctypes.Structure):
     _fields_ = (("tgid", ctypes.c_uint32), ("slot", ctypes.c_uint32))
 
 
+class OffcpuChild(ctypes.Structure):
+    _fields_ = (
+        ("fork_boot_ns", ctypes.c_uint64),
+        ("parent_tgid", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("comm", ctypes.c_char * 16),
+    )
+
+
 STRUCTS: dict[str, type[ctypes.Structure]] = {
+    "offcpu_child": OffcpuChild,
     "offcpu_key": OffcpuKey,
     "offcpu_value": OffcpuValue,
     "offcpu_start": OffcpuStart,

@@ -155,7 +155,7 @@ class Probe:
 
     def _table(self, name: str):  # type: ignore[no-untyped-def]
         assert self._bpf is not None, "probe not started"
-        return self._bpf[name]
+        return self._bpf[name.encode()]
 
     # -- targets ---------------------------------------------------------------------------
 

@@ -172,6 +172,19 @@ class Symbolizer:
                 out.append(frame)
             return tuple(out)
 
+    def prepare(self, pid: int) -> None:
+        """Read the maps of a new target and load every mapped ELF file now, while the process is
+        alive: a short-lived process may exit before its first flush, and its files can then no
+        longer be opened through /proc/PID/map_files or /proc/PID/root."""
+        with self._lock:
+            try:
+                proc = self._process(pid)
+                for mapping in proc.maps.mappings:
+                    if mapping.is_file and mapping.path != VDSO:
+                        self._mapped_file(proc, mapping)
+            except Exception as exc:
+                self._log_error(f"process {pid}", exc)
+
     def forget(self, pid: int) -> None:
         """The process exited: drop its maps, and the files no other process maps."""
         with self._lock:

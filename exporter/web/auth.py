@@ -1,0 +1,84 @@
+"""HTTP basic auth against bcrypt hashes, as the exporter-toolkit checks it.
+
+bcrypt is slow on purpose (~60 ms at cost 10), and Prometheus sends the same credentials on every
+scrape, so a successful check is cached: per (user, hash) the SHA-256 of the password that matched,
+compared in constant time. Failed checks are never cached, and bcrypt runs one at a time (as the
+toolkit's mutex does) so that a password-guessing client costs at most one core. Unknown users are
+checked against a fixed hash so that timing does not reveal which users exist.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import threading
+from collections.abc import Mapping
+
+import bcrypt
+
+__all__ = ["BasicAuth", "parse_basic_authorization"]
+
+# bcrypt (cost 10) of a random password nobody knows; used for unknown user names.
+_FAKE_HASH = b"$2b$10$01RVuLf3JyCRcMVwazpleOm8vGu5Qy2V86WDucX.QiJn0CWoGuNEm"
+
+
+def parse_basic_authorization(header: str | None) -> tuple[str, bytes] | None:
+    """(user, password) from an ``Authorization: Basic ...`` header, None when absent or malformed."""
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "basic" or not token:
+        return None
+    try:
+        raw = base64.b64decode(token.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, sep, password = raw.partition(b":")
+    if not sep:
+        return None
+    try:
+        return user.decode("utf-8"), password
+    except UnicodeDecodeError:
+        return None
+
+
+class BasicAuth:
+    def __init__(self, users: Mapping[str, bytes]) -> None:
+        self._users = dict(users)
+        self._bcrypt_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._verified: dict[tuple[str, bytes], bytes] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._users)
+
+    def check(self, authorization: str | None) -> bool:
+        """True when the header carries a known user and its password. May take one bcrypt check."""
+        if not self._users:
+            return True
+        credentials = parse_basic_authorization(authorization)
+        if credentials is None:
+            return False
+        user, password = credentials
+        hashed = self._users.get(user)
+        known = hashed is not None
+        if hashed is None:
+            hashed = _FAKE_HASH
+        digest = hashlib.sha256(password).digest()
+        with self._cache_lock:
+            cached = self._verified.get((user, hashed))
+        if known and cached is not None and hmac.compare_digest(cached, digest):
+            return True
+        with self._bcrypt_lock:
+            try:
+                ok = bcrypt.checkpw(password, hashed)
+            except ValueError:  # a hash bcrypt cannot read: never a match
+                ok = False
+        if ok and known:
+            with self._cache_lock:
+                self._verified[(user, hashed)] = digest
+            return True
+        return False

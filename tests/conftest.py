@@ -1,0 +1,33 @@
+"""Kernel tests (`@pytest.mark.kernel`) load the real probe. Where the kernel cannot (no root, no
+BPF) they fail, so that CI never passes without them; a developer without root skips them
+explicitly with OFFCPU_SKIP_KERNEL=1 (ignored when CI is set)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _kernel_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (CAP_BPF/CAP_PERFMON)"
+    if not os.path.isdir("/sys/kernel/tracing/events") and not os.path.isdir("/sys/kernel/debug/tracing/events"):
+        return "tracefs is not mounted (run scripts/setup)"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "bcc is not importable (run scripts/setup and use .venv/bin/python)"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _kernel_gate(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("kernel") is None:
+        return
+    reason = _kernel_unavailable()
+    if reason is None:
+        return
+    if os.environ.get("OFFCPU_SKIP_KERNEL") == "1" and not os.environ.get("CI"):
+        pytest.skip(f"kernel test skipped on request: {reason}")
+    pytest.fail(f"kernel test cannot run: {reason} (set OFFCPU_SKIP_KERNEL=1 to skip explicitly)")

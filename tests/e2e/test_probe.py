@@ -1,0 +1,168 @@
+"""The real probe on the running kernel against workloads with known blocking.
+
+Ground truths: each workload thread times its own blocking system calls (CLOCK_MONOTONIC around
+each call) and reads its schedstat (on-CPU ns) at start and end. The probe's figures must match
+those within the issue's tolerances: 5% for time, 2% for counts, 3% for on-CPU + off-CPU = wall.
+The attach mode is OFFCPU_ATTACH (the kernel matrix runs this file in kprobe and tracepoint mode).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from exporter.snapshot import ZERO, Reason
+from tests.support.inprocess import running_pipeline, total, with_function
+from tests.support.workloads import Workload
+
+pytestmark = pytest.mark.kernel
+
+
+def _kernel_names(samples):  # type: ignore[no-untyped-def]
+    return {f.name.split(" ", 1)[0] for s in samples for f in s.stack.kernel}
+
+
+def test_sleeping_thread_time_count_and_frames() -> None:
+    with Workload("sleep", threads=1, iterations=50, interval_ms=20) as w, running_pipeline(pids=(w.pid,)) as p:
+        w.go()
+        result = w.wait()
+        time.sleep(0.1)
+        snap = p.flush_now()
+    thread = result.threads[0]
+    samples = with_function(snap, "offcpu_sleep_ms", w.pid)
+    assert samples, f"offcpu_sleep_ms not found; stacks: {[s.stack.folded() for s in snap.samples]}"
+    measured = total(samples)
+    assert {s.tid for s in samples} == {thread.tid}
+    assert all(s.reason is Reason.SLEEPING for s in samples)
+    assert "do_nanosleep" in _kernel_names(samples)
+    # The user half is our own frames from the leaf up: offcpu_sleep_ms <- sleep_worker <- thread_main.
+    names = [f.name for f in samples[0].stack.user[:3]]
+    assert names == ["offcpu_sleep_ms", "sleep_worker", "thread_main"], names
+    assert measured.count == pytest.approx(thread.calls, rel=0.02)
+    assert measured.ns == pytest.approx(thread.blocked_ns, rel=0.05)
+
+
+def test_on_cpu_plus_off_cpu_is_wall_time() -> None:
+    with Workload("mutex", threads=3, iterations=20, interval_ms=5) as w, running_pipeline(pids=(w.pid,)) as p:
+        w.go()
+        result = w.wait()
+        time.sleep(0.1)
+        snap = p.flush_now()
+    for thread in result.threads:
+        off = sum((s.total for s in snap.samples if s.tid == thread.tid), ZERO)
+        assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns, rel=0.03), thread
+
+
+@pytest.mark.parametrize("readers", [1, 2])
+def test_pipe_reader_blocks_in_pipe_read(readers: int) -> None:
+    with Workload("pipe", threads=readers, iterations=40, interval_ms=10) as w, running_pipeline(pids=(w.pid,)) as p:
+        w.go()
+        result = w.wait()
+        time.sleep(0.1)
+        snap = p.flush_now()
+    samples = with_function(snap, "offcpu_pipe_read", w.pid)
+    # pipe_read was renamed anon_pipe_read in 6.16.
+    assert {"pipe_read", "anon_pipe_read"} & _kernel_names(samples), _kernel_names(samples)
+    for thread in result.threads:
+        mine = [s for s in samples if s.tid == thread.tid]
+        assert total(mine).ns == pytest.approx(thread.blocked_ns, rel=0.05), thread
+        if readers == 1:
+            # One reader, one byte per tick: every read blocks. With two readers a woken reader may
+            # find the other's byte and return without blocking, so only time is exact there.
+            assert total(mine).count == pytest.approx(thread.calls, rel=0.02), thread
+
+
+def test_mutex_waiters_block_in_futex_wait() -> None:
+    with Workload("mutex", threads=3, iterations=20, interval_ms=5) as w, running_pipeline(pids=(w.pid,)) as p:
+        w.go()
+        result = w.wait()
+        time.sleep(0.1)
+        snap = p.flush_now()
+    samples = with_function(snap, "offcpu_lock_wait", w.pid)
+    assert any(name.startswith("futex_wait") for name in _kernel_names(samples)), _kernel_names(samples)
+    assert result.blocked_ns > 100_000_000  # the workload really contended
+    for thread in result.threads:
+        named = total([s for s in samples if s.tid == thread.tid])
+        # The thread's own clock around the call also holds any preemption just before or after the
+        # syscall (a lock holder spins on the CPU); that wait is in the thread's run-queue time
+        # (schedstat) under another stack. So: named <= timed <= named + run-queue wait.
+        assert named.ns <= thread.blocked_ns * 1.01, thread
+        assert named.ns >= (thread.blocked_ns - thread.runq_ns) * 0.99, thread
+        # FUTEX_WAIT returns at once (EAGAIN) when the lock word changed before the call: such calls
+        # never leave the CPU, so the switch count is bounded by the calls.
+        assert named.count <= thread.calls, thread
+
+
+def test_short_lived_children_are_followed_and_named() -> None:
+    iterations, interval_ms = 20, 20
+    with (Workload("child", iterations=iterations, interval_ms=interval_ms) as w,
+          running_pipeline(pids=(w.pid,), follow_children=True) as p):
+        w.go()
+        w.wait()
+        time.sleep(0.1)
+        snap = p.flush_now()
+    samples = with_function(snap, "offcpu_child_sleep")
+    children = {s.process.pid for s in samples}
+    assert len(children) == iterations, children
+    assert w.pid not in children
+    for pid in children:
+        assert snap.processes[next(s.process for s in samples if s.process.pid == pid)].info.comm == "offcpu_workload"
+    requested = iterations * interval_ms * 1_000_000
+    assert total(samples).ns == pytest.approx(requested, rel=0.05)
+    assert total(samples).count == iterations
+
+
+def test_per_process_aggregation_sums_threads_and_stacks_sum_to_process_total() -> None:
+    with (Workload("sleep", threads=3, iterations=30, interval_ms=10) as w,
+          running_pipeline(pids=(w.pid,), per_thread=False) as p):
+        w.go()
+        result = w.wait()
+        time.sleep(0.1)
+        snap = p.flush_now()
+    samples = with_function(snap, "offcpu_sleep_ms", w.pid)
+    assert {s.tid for s in samples} == {0}
+    assert total(samples).count == pytest.approx(result.calls, rel=0.02)
+    assert total(samples).ns == pytest.approx(result.blocked_ns, rel=0.05)
+    for key, view in snap.processes.items():
+        stacks = sum((s.total for s in snap.samples if s.process == key), ZERO)
+        assert stacks == view.total
+        assert sum(view.by_reason.values(), ZERO) == view.total
+
+
+def test_process_matched_by_comm_after_start_and_increases_add_up() -> None:
+    with running_pipeline(comm="^offcpu_workload$", flush_interval=0.3) as p:
+        with Workload("sleep", threads=1, iterations=40, interval_ms=10) as w:
+            deadline = time.monotonic() + 10
+            while w.pid not in p.processes.watched_pids() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert w.pid in p.processes.watched_pids()
+            w.go()
+            increases = ZERO
+            snap = p.latest()
+            while w.proc.poll() is None:
+                snap = p.flush_now()
+                increases = increases + sum((s.increase for s in with_function(snap, "offcpu_sleep_ms", w.pid)), ZERO)
+            result = w.wait()
+            time.sleep(0.6)  # a targets refresh (every 0.2 s here) notices the exit
+            snap = p.flush_now()
+            increases = increases + sum((s.increase for s in with_function(snap, "offcpu_sleep_ms", w.pid)), ZERO)
+    # The increases of every flush add up to the cumulative total (nothing lost between flushes).
+    assert increases == total(with_function(snap, "offcpu_sleep_ms", w.pid))
+    assert increases.ns == pytest.approx(result.blocked_ns, rel=0.05)
+    info = next(v.info for k, v in snap.processes.items() if k.pid == w.pid)
+    assert info.exited
+
+
+def test_block_duration_histogram() -> None:
+    with Workload("sleep", threads=1, iterations=30, interval_ms=20) as w, running_pipeline(pids=(w.pid,)) as p:
+        w.go()
+        w.wait()
+        time.sleep(0.1)
+        snap = p.flush_now()
+    view = next(v for k, v in snap.processes.items() if k.pid == w.pid)
+    # 20 ms = 20,000 us falls in slot 15: [2^14, 2^15) us; a loaded machine may wake a sleeper
+    # more than 12 ms late (slot 16), never early.
+    assert sum(view.histogram[15:]) >= 30
+    assert view.histogram[15] >= 27
+    assert sum(view.histogram[:15]) < 10  # only the exit path and the start-up wait are short

@@ -1,0 +1,83 @@
+"""Runs a real `offcpu-exporter serve` subprocess on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ExporterProcess:
+    """`with ExporterProcess(["--pid", "123"]) as exp: urllib.request.urlopen(exp.url + "/metrics")`."""
+
+    def __init__(self, args: list[str], *, port: int | None = None, ready_timeout: float = 120.0,
+                 env: dict[str, str] | None = None, scheme: str = "http") -> None:
+        self.port = port or free_port()
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.args = [sys.executable, "-m", "exporter", "serve", "--web.listen-address", f"127.0.0.1:{self.port}",
+                     *args]
+        self.ready_timeout = ready_timeout
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        self.proc: subprocess.Popen[str] | None = None
+        self.log_path = Path(os.environ.get("OFFCPU_TEST_LOGS", "/tmp")) / f"offcpu-exporter-{self.port}.log"
+
+    def start(self) -> ExporterProcess:
+        self._log = open(self.log_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     text=True)
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"exporter exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"exporter not ready within {self.ready_timeout} s:\n{self.log()}")
+
+    def get(self, path: str, timeout: float = 30.0) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            return bytes(r.read())
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()
+        except OSError:
+            return ""
+
+    def __enter__(self) -> ExporterProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,55 @@
+"""The real probe and pipeline in the test process: one compile per use, no HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+
+from exporter.aggregate import AggregateConfig, Aggregator
+from exporter.pipeline import Pipeline
+from exporter.probe.loader import Probe, ProbeConfig
+from exporter.snapshot import Counter, Snapshot, StackSample
+from exporter.symbols import Symbolizer
+from exporter.targets import ProcessTable, TargetRules
+
+ATTACH = os.environ.get("OFFCPU_ATTACH", "auto")
+
+
+@contextlib.contextmanager
+def running_pipeline(*, pids: tuple[int, ...] = (), comm: str | None = None, per_thread: bool = True,
+                     follow_children: bool = False, flush_interval: float = 0.5, watch_all: bool = False,
+                     probe_config: ProbeConfig | None = None,
+                     aggregate: AggregateConfig | None = None) -> Iterator[Pipeline]:
+    config = probe_config or ProbeConfig(attach=ATTACH, per_thread=per_thread, follow_children=follow_children,
+                                         watch_all=watch_all)
+    probe = Probe(config)
+    probe.start()
+    rules = TargetRules(pids=pids, comm=re.compile(comm) if comm else None, watch_all=watch_all,
+                        follow_children=follow_children)
+    processes = ProcessTable(rules, exclude=(os.getpid(),))
+    processes.start()
+    aggregator = Aggregator(probe, Symbolizer(), processes, aggregate)
+    pipeline = Pipeline(probe, aggregator, processes, flush_interval=flush_interval, targets_interval=0.2,
+                        exclude=(os.getpid(),))
+    pipeline.sync_targets()
+    pipeline.start()
+    try:
+        yield pipeline
+    finally:
+        pipeline.stop()
+        probe.close()
+
+
+def with_function(snapshot: Snapshot, function: str, pid: int | None = None) -> list[StackSample]:
+    """Samples whose stack holds `function` among its user frames."""
+    return [s for s in snapshot.samples
+            if (pid is None or s.process.pid == pid) and any(f.name == function for f in s.stack.user)]
+
+
+def total(samples: list[StackSample]) -> Counter:
+    out = Counter()
+    for s in samples:
+        out = out + s.total
+    return out

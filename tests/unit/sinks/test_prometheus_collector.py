@@ -1,0 +1,411 @@
+"""The Prometheus collector on synthetic snapshots: sums, folding, histogram, escaping, describe()."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import math
+import shutil
+import subprocess
+from collections import defaultdict
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.sinks import SinkContext, SinkStats
+from exporter.sinks import prometheus as prom_sink
+from exporter.sinks.prometheus.collector import OffCPUCollector
+from exporter.sinks.prometheus.exposition import ExpositionCache
+from exporter.sinks.prometheus.selection import Selection
+from exporter.snapshot import HISTOGRAM_BUCKETS_US, Health, Reason, Snapshot
+from exporter.web import Request, Routes
+from tests.unit.sinks.prometheus_snapshots import SEC, Builder, many_stacks, process, stack
+
+
+def render(
+    builder_or_snapshot: Builder | Snapshot,
+    top: int = 10,
+    max_processes: int = 200,
+    stack_label: bool = False,
+    selection: Selection | None = None,
+) -> str:
+    snap = builder_or_snapshot.snapshot() if isinstance(builder_or_snapshot, Builder) else builder_or_snapshot
+    sel = selection or Selection(max_processes=max_processes, top_stacks=top)
+    reg = CollectorRegistry()
+    reg.register(OffCPUCollector(lambda: snap, lambda: [], sel, stack_label=stack_label, bcc="0.26.0"))
+    return generate_latest(reg).decode()
+
+
+def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    out = []
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name:
+                out.append((s.labels, s.value))
+    return out
+
+
+def by(text: str, name: str, label: str) -> dict[str, float]:
+    acc: dict[str, float] = defaultdict(float)
+    for labels, value in samples(text, name):
+        acc[labels[label]] += value
+    return dict(acc)
+
+
+def test_process_series_by_reason_carry_identity_labels() -> None:
+    b = Builder()
+    p = process(42, "nginx", namespace="web", pod="nginx-1", container="nginx")
+    b.add(p, stack("read"), 1.5, 3, Reason.SLEEPING)
+    b.add(p, stack("fsync", "io_schedule"), 0.25, 2, Reason.UNINTERRUPTIBLE)
+    b.add(p, stack("loop"), 0.125, 5, Reason.RUNNABLE)
+    text = render(b)
+    secs = {lab["reason"]: v for lab, v in samples(text, "offcpu_seconds_total")}
+    assert secs == {"runnable": 0.125, "sleeping": 1.5, "uninterruptible": 0.25, "other": 0.0}
+    sw = {lab["reason"]: v for lab, v in samples(text, "offcpu_switches_total")}
+    assert sw == {"runnable": 5, "sleeping": 3, "uninterruptible": 2, "other": 0}
+    labels = samples(text, "offcpu_seconds_total")[0][0]
+    assert {k: labels[k] for k in ("pid", "comm", "namespace", "pod", "container")} == {
+        "pid": "42",
+        "comm": "nginx",
+        "namespace": "web",
+        "pod": "nginx-1",
+        "container": "nginx",
+    }
+
+
+def test_top_k_folding_keeps_sums_exact() -> None:
+    b = Builder()
+    p = process(7, "db")
+    for i, st in enumerate(many_stacks(25)):
+        # Awkward values (thirds, primes) so that float slop would show.
+        b.add(p, st, (i + 1) / 3, count=i + 2, reason=Reason.SLEEPING, tid=100)
+        b.add(p, st, 0.017 * i, count=1, reason=Reason.RUNNABLE, tid=101)
+    text = render(b, top=5)
+    stacks = samples(text, "offcpu_stack_seconds_total")
+    assert len(stacks) == 6  # 5 + other
+    named = sorted((v, lab["stack_id"]) for lab, v in stacks if lab["stack_id"] != "other")
+    other = [v for lab, v in stacks if lab["stack_id"] == "other"]
+    assert len(other) == 1
+    # The top 5 by off-CPU time are the last five (aggregated over both threads and reasons).
+    top_ids = {st.stack_id for st in many_stacks(25)[20:]}
+    assert {sid for _, sid in named} == top_ids
+    process_total = sum(v for _, v in samples(text, "offcpu_seconds_total"))
+    assert sum(v for _, v in stacks) == pytest.approx(process_total, rel=1e-12)
+    # Exact in integers too: switch counts.
+    st_sw = sum(v for _, v in samples(text, "offcpu_stack_switches_total"))
+    assert st_sw == sum(v for _, v in samples(text, "offcpu_switches_total"))
+    # Labels of a named stack.
+    lab = next(lab for lab, _ in stacks if lab["stack_id"] != "other")
+    assert lab["user_function"].startswith("fn_")
+    assert lab["kernel_function"] in ("futex_wait", "do_nanosleep")
+    assert "stack" not in lab
+
+
+def test_stack_series_stay_monotonic_and_exact_when_a_new_stack_gets_hot() -> None:
+    b = Builder()
+    p = process(9, "svc")
+    cold = many_stacks(3)
+    for st in cold:
+        b.add(p, st, 1.0)
+    sel = Selection(top_stacks=2)
+    first = render(b, selection=sel)
+    hot = stack("hot_path", "ep_poll")
+    previous = {lab["stack_id"]: v for lab, v in samples(first, "offcpu_stack_seconds_total")}
+    for _ in range(6):
+        b.add(p, hot, 10.0)
+        b.add(p, cold[0], 0.001)
+        text = render(b, selection=sel)
+        now = {lab["stack_id"]: v for lab, v in samples(text, "offcpu_stack_seconds_total")}
+        total = sum(v for _, v in samples(text, "offcpu_seconds_total"))
+        assert sum(now.values()) == pytest.approx(total)
+        assert now["other"] >= previous["other"] - 1e-9  # `other` never goes down
+        for sid, v in now.items():
+            if sid in previous:
+                assert v >= previous[sid] - 1e-9
+        previous = now
+    assert hot.stack_id in previous  # the hot stack took a slot
+
+
+def test_stack_label_is_the_folded_stack_when_enabled() -> None:
+    b = Builder()
+    st = stack("offcpu_sleep_ms")
+    b.add(process(5, "w"), st, 1.0)
+    text = render(b, stack_label=True)
+    labs = [lab for lab, _ in samples(text, "offcpu_stack_seconds_total")]
+    assert {lab["stack"] for lab in labs} == {st.folded(), "other"}
+
+
+def test_cardinality_overflow_folds_processes_into_other_and_counts_them() -> None:
+    b = Builder()
+    for pid in range(1, 31):
+        b.add(process(pid, f"p{pid}"), stack("wait"), pid * 0.1, count=pid)
+    sel = Selection(max_processes=10, top_stacks=10)
+    text = render(b, selection=sel)
+    pids = set(by(text, "offcpu_seconds_total", "pid"))
+    assert len(pids) == 11 and "other" in pids
+    assert pids - {"other"} == {str(p) for p in range(21, 31)}  # the largest ones first
+    expected_total = sum(pid * 0.1 for pid in range(1, 31))
+    assert sum(by(text, "offcpu_seconds_total", "pid").values()) == pytest.approx(expected_total)
+    stack_sums = by(text, "offcpu_stack_seconds_total", "pid")
+    proc_sums = by(text, "offcpu_seconds_total", "pid")
+    assert stack_sums.keys() == proc_sums.keys()
+    for pid, v in proc_sums.items():
+        assert stack_sums[pid] == pytest.approx(v)
+    assert (
+        samples(text, "offcpu_exporter_cardinality_overflow_total") == [({"what": "processes"}, 20.0)]
+        or dict((lab["what"], v) for lab, v in samples(text, "offcpu_exporter_cardinality_overflow_total"))["processes"]
+        == 20.0
+    )
+    # Bounded: series count does not grow with more processes.
+    for pid in range(31, 300):
+        b.add(process(pid, f"q{pid}"), stack("wait"), 0.01)
+    text = render(b, selection=sel)
+    assert len(set(by(text, "offcpu_seconds_total", "pid"))) == 11
+    overflow = {lab["what"]: v for lab, v in samples(text, "offcpu_exporter_cardinality_overflow_total")}
+    assert overflow["processes"] == 20 + 269
+
+
+def test_folded_processes_counter_survives_their_exit_and_restart_is_a_new_series() -> None:
+    b = Builder()
+    big = process(1, "big")
+    b.add(big, stack("a"), 100.0)
+    small = [process(pid, "small") for pid in (2, 3)]
+    for p in small:
+        b.add(p, stack("a"), 1.0)
+    sel = Selection(max_processes=1)
+    text = render(b, selection=sel)
+    other_before = by(text, "offcpu_seconds_total", "pid")["other"]
+    assert other_before == pytest.approx(2.0)
+    b.remove(small[0].key)  # exited, past its grace period
+    text = render(b, selection=sel)
+    assert by(text, "offcpu_seconds_total", "pid")["other"] == pytest.approx(2.0)
+    # The selected process exits and restarts under a new pid: new series, its slot is free again.
+    b.remove(big.key)
+    again = process(11, "big", start=5000)
+    b.add(again, stack("a"), 0.5)
+    text = render(b, selection=sel)
+    pids = by(text, "offcpu_seconds_total", "pid")
+    assert "1" not in pids and pids["11"] == pytest.approx(0.5)
+
+
+def test_exited_process_in_grace_period_is_still_exported() -> None:
+    b = Builder()
+    b.add(process(77, "gone", exited=True), stack("x"), 3.0)
+    assert by(render(b), "offcpu_seconds_total", "pid") == {"77": 3.0}
+
+
+def test_reused_pid_exports_the_live_process_only() -> None:
+    b = Builder()
+    b.add(process(50, "old", start=10, exited=True), stack("x"), 3.0)
+    b.add(process(50, "new", start=99), stack("x"), 1.0)
+    text = render(b)
+    assert by(text, "offcpu_seconds_total", "comm") == {"new": 1.0}
+
+
+def test_histogram_is_cumulative_with_le_in_seconds() -> None:
+    b = Builder()
+    p = process(3, "h")
+    b.add(p, stack("x"), 12.0, count=111)
+    b.add_blocks(p, {0: 1, 1: 2, 10: 4, 25: 8, 26: 96})
+    text = render(b)
+    buckets = {lab["le"]: v for lab, v in samples(text, "offcpu_block_duration_seconds_bucket")}
+    assert len(buckets) == len(HISTOGRAM_BUCKETS_US) + 1
+    assert buckets["1e-06"] == 1  # slot 0: < 1 us
+    assert buckets["2e-06"] == 3
+    assert buckets["0.000512"] == 3
+    assert buckets["0.001024"] == 7  # slot 10: [512, 1024) us
+    assert buckets["16.777216"] == 7
+    assert buckets["33.554432"] == 15  # slot 25
+    assert buckets["+Inf"] == 111  # slot 26: from 2^25 us on
+    values = [buckets[k] for k in sorted(buckets, key=lambda k: math.inf if k == "+Inf" else float(k))]
+    assert values == sorted(values)
+    assert samples(text, "offcpu_block_duration_seconds_count")[0][1] == 111
+    assert samples(text, "offcpu_block_duration_seconds_sum")[0][1] == 12.0
+
+
+@pytest.mark.parametrize("comm", ['a"b', "back\\slash", "new\nline", "bad\udcffutf8", "ünï{cödé}", 'x="y",z'])
+def test_hostile_label_values_round_trip(comm: str) -> None:
+    b = Builder()
+    b.add(process(8, comm), stack(f"fn{comm}"), 1.0)
+    text = render(b)
+    want = comm.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    got = {lab["comm"] for lab, _ in samples(text, "offcpu_seconds_total")}
+    assert got == {want}
+    fns = {lab["user_function"] for lab, _ in samples(text, "offcpu_stack_seconds_total")} - {"other"}
+    assert fns == {"fn" + want}
+    promtool_check(text)
+
+
+def test_describe_lists_every_family_without_samples() -> None:
+    sel = Selection()
+    col = OffCPUCollector(lambda: Snapshot.empty(), lambda: [], sel, bcc="x")
+    described = {m.name: m.type for m in col.describe()}
+    assert all(not m.samples for m in col.describe())
+    assert described["offcpu_seconds"] == "counter"
+    assert described["offcpu_block_duration_seconds"] == "histogram"
+    assert described["offcpu_exporter_probe_attached"] == "gauge"
+    collected = {m.name for m in col.collect()}
+    assert collected == set(described)
+    reg = CollectorRegistry()
+    reg.register(col)  # uses describe(); a second registration of the same names is refused
+    with pytest.raises(ValueError):
+        reg.register(OffCPUCollector(lambda: Snapshot.empty(), lambda: [], sel, bcc="x"))
+
+
+def test_self_metrics_from_health_and_sink_stats() -> None:
+    health = Health(
+        attach_mode="tracepoint",
+        hooked_symbols=("sched:sched_switch",),
+        probe_attached=True,
+        lost_stacks={"user:efault": 4, "kernel:enomem": 1},
+        map_entries={"counts": 10},
+        map_capacity={"counts": 10240},
+        map_dropped={"counts": 3},
+        dropped_ns=1_500_000_000,
+        symbolization_failures=2,
+        flush_duration_seconds=0.012,
+        flushes=9,
+        targets=4,
+        cardinality_overflow={"threads": 1},
+        sink_dropped={"otlp": 5},
+    )
+    b = Builder()
+    b.health = health
+
+    class FakeSink:
+        name = "skywalking"
+        stats = SinkStats()
+
+    FakeSink.stats.add("sent", 12)
+    FakeSink.stats.add("retried", 2)
+    snap = b.snapshot()
+    reg = CollectorRegistry()
+    reg.register(OffCPUCollector(lambda: snap, lambda: [FakeSink()], Selection(), bcc="0.26.0"))  # type: ignore[list-item]
+    text = generate_latest(reg).decode()
+    assert samples(text, "offcpu_exporter_probe_attached") == [({"mode": "tracepoint"}, 1.0)]
+    assert samples(text, "offcpu_exporter_probe_hooked_symbol") == [
+        ({"mode": "tracepoint", "symbol": "sched:sched_switch"}, 1.0)
+    ]
+    assert {(lab["half"], lab["reason"]): v for lab, v in samples(text, "offcpu_exporter_lost_stacks_total")} == {
+        ("user", "efault"): 4,
+        ("kernel", "enomem"): 1,
+    }
+    assert samples(text, "offcpu_exporter_map_capacity") == [({"map": "counts"}, 10240.0)]
+    assert samples(text, "offcpu_exporter_map_dropped_total") == [({"map": "counts"}, 3.0)]
+    assert samples(text, "offcpu_exporter_dropped_seconds_total")[0][1] == 1.5
+    assert samples(text, "offcpu_exporter_flushes_total")[0][1] == 9
+    assert samples(text, "offcpu_exporter_targets")[0][1] == 4
+    assert samples(text, "offcpu_exporter_last_flush_duration_seconds")[0][1] == 0.012
+    assert by(text, "offcpu_exporter_sink_sent_total", "sink") == {"skywalking": 12, "otlp": 0}
+    assert by(text, "offcpu_exporter_sink_dropped_total", "sink") == {"skywalking": 0, "otlp": 5}
+    assert by(text, "offcpu_exporter_sink_retried_total", "sink")["skywalking"] == 2
+    assert by(text, "offcpu_exporter_cardinality_overflow_total", "what") == {
+        "threads": 1,
+        "processes": 0,
+        "stacks": 0,
+    }
+    info = samples(text, "offcpu_exporter_build_info")[0][0]
+    assert info["bcc"] == "0.26.0" and info["version"]
+
+
+def _sink(builder: Builder) -> tuple[prom_sink.PrometheusSink, Routes, list[Snapshot]]:
+    routes = Routes()
+    current = [builder.snapshot()]
+    ctx = SinkContext(latest=lambda: current[0], flush_now=lambda t: current[0], routes=routes)
+    parser = argparse.ArgumentParser()
+    prom_sink.add_arguments(parser)
+    sink = prom_sink.create(parser.parse_args(["--prometheus.top-stacks", "3"]), ctx)
+    ctx.sinks.append(sink)
+    return sink, routes, current
+
+
+def test_metrics_route_caches_per_snapshot_and_negotiates_openmetrics_and_gzip() -> None:
+    b = Builder()
+    for st in many_stacks(8):
+        b.add(process(1, "a"), st, 1.0)
+    sink, routes, current = _sink(b)
+    sink.cache._process_max_age = 3600.0  # the process metrics part stays the same during the test
+    handler = routes.get("/metrics")
+    assert handler is not None
+    plain = handler(Request("GET", "/metrics", {}, {}))
+    assert plain.content_type.startswith("text/plain; version=0.0.4")
+    assert "Content-Encoding" not in plain.headers
+    renders = sink.cache.renders
+    for _ in range(20):
+        again = handler(Request("GET", "/metrics", {}, {"accept-encoding": "gzip"}))
+    assert sink.cache.renders == renders  # one render serves them all
+    assert again.headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(again.body) == plain.body
+    current[0] = b.snapshot()  # a new flush: a new render
+    handler(Request("GET", "/metrics", {}, {}))
+    assert sink.cache.renders == renders + 1
+    om = handler(Request("GET", "/metrics", {}, {"accept": "application/openmetrics-text; version=1.0.0"}))
+    assert om.content_type.startswith("application/openmetrics-text")
+    fams = {f.name: f for f in parse_openmetrics(om.body.decode())}
+    assert fams["offcpu_seconds"].type == "counter"
+    assert fams["offcpu_block_duration_seconds"].type == "histogram"
+    assert "process_cpu_seconds" in fams  # the exporter's own process metrics
+    assert om.body.count(b"# EOF") == 1 and om.body.endswith(b"# EOF\n")
+    assert sink.stats.get("sent") == 23
+
+
+def promtool_check(text: str) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found: scripts/setup --test installs Debian's prometheus package")
+    r = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=60)
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), (r.stdout + r.stderr).decode()
+
+
+def test_promtool_accepts_a_full_exposition() -> None:
+    b = Builder()
+    for pid in range(1, 6):
+        p = process(pid, f"proc{pid}", namespace="ns", pod=f"pod{pid}", container="c")
+        for i, st in enumerate(many_stacks(15)):
+            b.add(p, st, 0.1 * (i + 1), count=i + 1, reason=Reason(i % 4))
+        b.add_blocks(p, {3: 5, 12: 7, 26: 1})
+    _, routes, _ = _sink(b)
+    handler = routes.get("/metrics")
+    assert handler is not None
+    promtool_check(handler(Request("GET", "/metrics", {}, {})).body.decode())
+
+
+def test_stack_seconds_sum_uses_exact_nanoseconds() -> None:
+    b = Builder()
+    p = process(1, "n")
+    for i, st in enumerate(many_stacks(40)):
+        b.add(p, st, (i * 7919 % 1000 + 1) / 1e9 * 1_000_003)
+    text = render(b, top=3)
+    stack_ns = round(sum(v for _, v in samples(text, "offcpu_stack_seconds_total")) * SEC)
+    proc_ns = round(sum(v for _, v in samples(text, "offcpu_seconds_total")) * SEC)
+    assert abs(stack_ns - proc_ns) <= 1
+
+
+def test_gzip_stream_continues_correctly_when_the_process_part_changes() -> None:
+    main, tail = CollectorRegistry(), CollectorRegistry()
+    ticks = [0]
+
+    class Ticking:
+        def collect(self):  # type: ignore[no-untyped-def]
+            from prometheus_client.metrics_core import GaugeMetricFamily
+
+            yield GaugeMetricFamily("tick", "changes every render", value=ticks[0])
+
+    b = Builder()
+    for st in many_stacks(30):
+        b.add(process(1, "a"), st, 1.0)
+    snap = b.snapshot()
+    main.register(OffCPUCollector(lambda: snap, lambda: [], Selection(), bcc="x"))
+    tail.register(Ticking())
+    cache = ExpositionCache(main, tail, lambda: snap.sequence, process_max_age_s=0.0)
+    for tick in range(3):
+        ticks[0] = tick
+        body, _, gz = cache.get("", True)
+        plain, _, _ = cache.get("", False)
+        assert gz and gzip.decompress(body).decode().endswith(f"tick {float(tick)}\n")
+        assert gzip.decompress(body).replace(f"tick {float(tick)}".encode(), b"") == plain.replace(
+            f"tick {float(tick)}".encode(), b""
+        )
+    assert cache.renders == 1

@@ -1,0 +1,193 @@
+"""The delta logic against an in-memory stand-in for the kernel maps (the real maps are exercised
+by tests/e2e/test_probe.py): first flush, zero increase, a key drained or gone, a restarted run."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from exporter.aggregate import AggregateConfig, Aggregator, increase
+from exporter.probe.loader import ProbeConfig, RawKey
+from exporter.snapshot import ZERO, Counter, Frame, FrameKind, Reason
+from exporter.targets import ProcessTable, TargetRules
+
+
+class KernelMaps:
+    """What Aggregator needs of Probe, held in dicts."""
+
+    def __init__(self, max_counts: int = 100) -> None:
+        self.config = ProbeConfig(max_counts=max_counts)
+        self.counts: dict[RawKey, tuple[int, int]] = {}
+        self.stacks: dict[int, tuple[int, ...]] = {}
+        self.deleted_stacks: set[int] = set()
+        self.pending: set[int] = set()
+        self.mode, self.hooked, self.attached = "tracepoint", ("sched:sched_switch",), True
+
+    def read_counts(self):  # type: ignore[no-untyped-def]
+        return [(k, c, ns) for k, (c, ns) in self.counts.items()]
+
+    def take_counts(self, keys):  # type: ignore[no-untyped-def]
+        return {k: self.counts.pop(k) for k in list(keys) if k in self.counts}
+
+    def stack(self, stack_id: int):  # type: ignore[no-untyped-def]
+        return self.stacks.get(stack_id)
+
+    def delete_stacks(self, ids) -> None:  # type: ignore[no-untyped-def]
+        for sid in ids:
+            self.stacks.pop(sid, None)
+            self.deleted_stacks.add(sid)
+
+    def pending_stack_ids(self) -> set[int]:
+        return self.pending
+
+    def read_hist(self) -> dict[int, list[int]]:
+        return {}
+
+    def delete_hist(self, tgid: int) -> None:
+        pass
+
+    def stats(self) -> list[int]:
+        return [0] * 5
+
+    def map_sizes(self, counts_entries: int):  # type: ignore[no-untyped-def]
+        return {"counts": (counts_entries, self.config.max_counts)}
+
+    def children(self):  # type: ignore[no-untyped-def]
+        return {}
+
+    def forget_child(self, tgid: int) -> None:
+        pass
+
+
+class Names:
+    failures = 0
+
+    def kernel(self, addresses):  # type: ignore[no-untyped-def]
+        return tuple(Frame(f"k{a:x}", FrameKind.KERNEL) for a in addresses)
+
+    def user(self, pid, addresses):  # type: ignore[no-untyped-def]
+        return tuple(Frame(f"u{a:x}") for a in addresses)
+
+    def prepare(self, pid: int) -> None:
+        pass
+
+    def forget(self, pid: int) -> None:
+        pass
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "stat").write_text("42 (my (app)) S 1 " + " ".join(["0"] * 17) + " 777 0 0\n")
+    (tmp_path / "42" / "status").write_text("Name:\tapp\nTgid:\t42\n")
+    return tmp_path
+
+
+def _aggregator(proc: Path, kernel: KernelMaps, **config: float) -> Aggregator:
+    table = ProcessTable(TargetRules(pids=(42,)), proc_root=str(proc))
+    assert table.start() == []
+    return Aggregator(kernel, Names(), table, AggregateConfig(**config))  # type: ignore[arg-type]
+
+
+KEY: RawKey = (42, 0, 1, 2, Reason.SLEEPING.value)
+
+
+def test_increase_rules() -> None:
+    assert increase((5, 500), None) == (5, 500)  # first read
+    assert increase((5, 500), (5, 500)) == (0, 0)  # no change
+    assert increase((7, 900), (5, 500)) == (2, 400)
+    assert increase((1, 100), (5, 500)) == (1, 100)  # re-created since: all of it is new
+
+
+def test_first_flush_then_increases_then_zero(proc: Path) -> None:
+    kernel = KernelMaps()
+    kernel.stacks = {1: (0x10, 0x20), 2: (0xA, 0xB)}
+    agg = _aggregator(proc, kernel)
+    kernel.counts[KEY] = (3, 3_000)
+    snap = agg.flush()
+    (sample,) = snap.samples
+    assert sample.total == sample.increase == Counter(3, 3_000)
+    assert [f.name for f in sample.stack.user] == ["u10", "u20"]
+    assert [f.name for f in sample.stack.kernel] == ["ka", "kb"]
+    assert snap.processes[sample.process].info.comm == "my (app)"
+    assert snap.processes[sample.process].total == Counter(3, 3_000)
+
+    kernel.counts[KEY] = (5, 7_000)
+    (sample,) = agg.flush().samples
+    assert sample.increase == Counter(2, 4_000)
+    assert sample.total == Counter(5, 7_000)
+
+    (sample,) = agg.flush().samples  # nothing new: zero increase, total kept
+    assert sample.increase == ZERO
+    assert sample.total == Counter(5, 7_000)
+
+
+def test_idle_key_is_drained_and_its_total_survives(proc: Path) -> None:
+    kernel = KernelMaps()
+    kernel.stacks = {1: (0x10,), 2: (0xA,)}
+    agg = _aggregator(proc, kernel, age_after=2)
+    kernel.counts[KEY] = (1, 100)
+    agg.flush()
+    agg.flush()  # idle 1
+    snap = agg.flush()  # idle 2: drained
+    assert KEY not in kernel.counts
+    assert kernel.deleted_stacks == {1, 2}  # nothing references them any more
+    (sample,) = snap.samples
+    assert sample.total == Counter(1, 100)
+    # The kernel re-creates the key from zero: its new value is all increase, no fake jump.
+    kernel.stacks = {1: (0x10,), 2: (0xA,)}
+    kernel.counts[KEY] = (2, 50)
+    (sample,) = agg.flush().samples
+    assert sample.increase == Counter(2, 50)
+    assert sample.total == Counter(3, 150)
+
+
+def test_pending_stack_ids_are_not_reclaimed(proc: Path) -> None:
+    kernel = KernelMaps()
+    kernel.stacks = {1: (0x10,), 2: (0xA,)}
+    kernel.pending = {1}
+    agg = _aggregator(proc, kernel, age_after=1)
+    kernel.counts[KEY] = (1, 100)
+    agg.flush()
+    agg.flush()
+    assert kernel.deleted_stacks == {2}
+
+
+def test_full_map_is_drained_at_the_high_water_mark(proc: Path) -> None:
+    kernel = KernelMaps(max_counts=10)
+    kernel.stacks = {i: (i,) for i in range(20)}
+    agg = _aggregator(proc, kernel, high_water=0.8, age_after=100)
+    for i in range(8):
+        kernel.counts[(42, 0, i, 10 + i, 1)] = (1, 10)
+    snap = agg.flush()
+    assert not kernel.counts  # everything was busy: drained at once, totals kept
+    assert sum((s.total for s in snap.samples), ZERO) == Counter(8, 80)
+
+
+def test_lost_stacks_become_placeholder_frames_and_are_counted(proc: Path) -> None:
+    kernel = KernelMaps()
+    kernel.stacks = {2: (0xA,)}
+    agg = _aggregator(proc, kernel)
+    kernel.counts[(42, 0, -errno.EEXIST, 2, 1)] = (4, 400)
+    kernel.counts[(42, 0, -errno.EFAULT, -errno.ENOMEM, 1)] = (1, 10)
+    snap = agg.flush()
+    stacks = {s.stack for s in snap.samples}
+    names = {(tuple(f.name for f in st.user), tuple(f.name for f in st.kernel)) for st in stacks}
+    assert (("[lost stack: stack map collision]",), ("ka",)) in names
+    assert ((), ("[lost stack: stack map full]",)) in names  # no user stack: empty half, not lost
+    assert snap.health.lost_stacks == {"user:EEXIST": 4, "user:EFAULT": 1, "kernel:ENOMEM": 1}
+    assert sum((s.total for s in snap.samples), ZERO) == snap.processes[snap.samples[0].process].total
+
+
+def test_new_exporter_run_starts_from_zero(proc: Path) -> None:
+    kernel = KernelMaps()
+    kernel.stacks = {1: (0x10,), 2: (0xA,)}
+    kernel.counts[KEY] = (3, 300)
+    first = _aggregator(proc, kernel)
+    first.flush()
+    restarted = _aggregator(proc, KernelMaps())  # a new run loads a new program with empty maps
+    snap = restarted.flush()
+    assert snap.samples == ()
+    assert snap.sequence == 1

@@ -1,0 +1,74 @@
+"""bpf/offcpu.h and exporter/probe/layout.py describe the same structs: checked with the C compiler."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+from exporter.probe import layout
+
+PROGRAM = """
+#include <stdio.h>
+#include <stddef.h>
+#include <linux/types.h>
+#include "offcpu.h"
+#define S(t) printf("%s size %zu\\n", #t, sizeof(struct t));
+#define F(t, f) printf("%s.%s %zu\\n", #t, #f, offsetof(struct t, f));
+int main(void) {
+  S(offcpu_key) F(offcpu_key, tgid) F(offcpu_key, tid) F(offcpu_key, user_stack_id)
+  F(offcpu_key, kernel_stack_id) F(offcpu_key, reason)
+  S(offcpu_value) F(offcpu_value, count) F(offcpu_value, total_ns)
+  S(offcpu_start) F(offcpu_start, ts_ns) F(offcpu_start, tgid) F(offcpu_start, reason)
+  F(offcpu_start, user_stack_id) F(offcpu_start, kernel_stack_id)
+  S(offcpu_hist_key) F(offcpu_hist_key, tgid) F(offcpu_hist_key, slot)
+  S(offcpu_child) F(offcpu_child, fork_boot_ns) F(offcpu_child, parent_tgid) F(offcpu_child, comm)
+  printf("const STAT_MAX %d\\n", OFFCPU_STAT_MAX);
+  printf("const HIST_SLOTS %d\\n", OFFCPU_HIST_SLOTS);
+  printf("const STAT_COUNTS_DROPPED %d\\n", OFFCPU_STAT_COUNTS_DROPPED);
+  printf("const STAT_COUNTS_DROPPED_NS %d\\n", OFFCPU_STAT_COUNTS_DROPPED_NS);
+  printf("const STAT_START_DROPPED %d\\n", OFFCPU_STAT_START_DROPPED);
+  printf("const STAT_HIST_DROPPED %d\\n", OFFCPU_STAT_HIST_DROPPED);
+  printf("const STAT_FILTERED %d\\n", OFFCPU_STAT_FILTERED);
+  printf("const TARGET_WATCH %d\\n", OFFCPU_TARGET_WATCH);
+  printf("const TARGET_EXCLUDE %d\\n", OFFCPU_TARGET_EXCLUDE);
+  printf("reason RUNNABLE %d\\nreason SLEEPING %d\\nreason UNINTERRUPTIBLE %d\\nreason OTHER %d\\n",
+         OFFCPU_REASON_RUNNABLE, OFFCPU_REASON_SLEEPING, OFFCPU_REASON_UNINTERRUPTIBLE, OFFCPU_REASON_OTHER);
+  return 0;
+}
+"""
+
+
+def _c_layout(tmp_path: Path) -> list[list[str]]:
+    src = tmp_path / "layout.c"
+    src.write_text(PROGRAM)
+    exe = tmp_path / "layout"
+    subprocess.run(["gcc", f"-I{layout.BPF_DIR}", "-o", str(exe), str(src)], check=True)
+    return [line.split() for line in subprocess.run([str(exe)], check=True, capture_output=True,
+                                                    text=True).stdout.splitlines()]
+
+
+def test_header_and_python_layouts_agree(tmp_path: Path) -> None:
+    from exporter.snapshot import Reason
+
+    structs = layout.STRUCTS
+    checked = 0
+    for words in _c_layout(tmp_path):
+        if words[0] == "const":
+            assert getattr(layout, words[1]) == int(words[2]), words
+        elif words[0] == "reason":
+            assert Reason[words[1]].value == int(words[2]), words
+        elif words[1] == "size":
+            assert ctypes.sizeof(structs[words[0]]) == int(words[2]), words
+        else:
+            struct, field = words[0].split(".")
+            assert getattr(structs[struct], field).offset == int(words[1]), words
+        checked += 1
+    assert checked >= 25
+
+
+def test_bpf_source_declares_the_maps_python_reads() -> None:
+    source = (layout.BPF_DIR / layout.SOURCE).read_text()
+    for name in (layout.MAP_TARGETS, layout.MAP_START, layout.MAP_COUNTS, layout.MAP_HIST, layout.MAP_STACKS,
+                 layout.MAP_STATS, "children"):
+        assert f"({name}," in source, name

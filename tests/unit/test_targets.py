@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from exporter.targets import ProcessTable, TargetRules, parse_stat
+
+
+def _proc(root: Path, pid: int, comm: str, start: int, tgid: int | None = None) -> None:
+    d = root / str(pid)
+    d.mkdir(exist_ok=True)
+    (d / "stat").write_text(f"{pid} ({comm}) S 1 " + " ".join(["0"] * 17) + f" {start} 0 0\n")
+    (d / "status").write_text(f"Tgid:\t{tgid or pid}\n")
+
+
+def test_parse_stat_with_hostile_comm() -> None:
+    assert parse_stat("7 (a) b (c)) S 1 " + "0 " * 17 + "99 0") == ("a) b (c)", 1, 99)
+
+
+def test_pid_reuse_is_not_the_old_process(tmp_path: Path) -> None:
+    _proc(tmp_path, 10, "app", 100)
+    table = ProcessTable(TargetRules(pids=(10,)), proc_root=str(tmp_path))
+    assert table.start() == []
+    assert table.watched_pids() == {10}
+    # The process exits and an unrelated one gets pid 10.
+    _proc(tmp_path, 10, "other", 555)
+    added, exited = table.refresh(now=0.0)
+    assert [p.key.start_ticks for p in exited] == [100]
+    assert added == []  # --pid 10 meant the process that started at tick 100
+    assert table.watched_pids() == set()
+    assert table.latest(10).key.start_ticks == 100  # its last counts are still its own
+    assert table.expire(60, now=30.0) == []
+    assert [p.comm for p in table.expire(60, now=61.0)] == ["app"]
+
+
+def test_comm_rule_picks_up_new_processes_and_excludes_self(tmp_path: Path) -> None:
+    _proc(tmp_path, 5, "worker", 1)
+    _proc(tmp_path, 6, "worker", 1)
+    _proc(tmp_path, 7, "shell", 1)
+    table = ProcessTable(TargetRules(comm=re.compile("^work")), proc_root=str(tmp_path), exclude=(6,))
+    added, _ = table.refresh()
+    assert [p.pid for p in added] == [5]
+    _proc(tmp_path, 8, "worker", 2)
+    added, _ = table.refresh()
+    assert [p.pid for p in added] == [8]
+
+
+def test_unknown_pid_and_thread_ids_are_reported(tmp_path: Path) -> None:
+    _proc(tmp_path, 20, "app", 1, tgid=19)  # a thread of 19, not a process
+    table = ProcessTable(TargetRules(pids=(20, 21)), proc_root=str(tmp_path))
+    problems = table.start()
+    assert len(problems) == 2 and "pid 21 does not exist" in problems[1]
