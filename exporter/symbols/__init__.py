@@ -180,8 +180,12 @@ class Symbolizer:
             try:
                 proc = self._process(pid)
                 for mapping in proc.maps.mappings:
-                    if mapping.is_file and mapping.path != VDSO:
+                    if mapping.path == VDSO:
+                        self._vdso(proc, mapping)
+                    elif mapping.is_file:
                         self._mapped_file(proc, mapping)
+                if any(not m.is_file and m.path != VDSO for m in proc.maps.mappings):
+                    self._refresh_perf_map(proc)  # anonymous executable memory: JIT code
             except Exception as exc:
                 self._log_error(f"process {pid}", exc)
 
@@ -358,8 +362,9 @@ class Symbolizer:
                     log.debug("symbols of %s from %s (%s)", binary_path, path, how)
                     break
         if not debug_file and (symtab is None or not symtab.entries):
-            log.debug("no .symtab and no debug file for %s (build id %s): .dynsym only", binary_path,
-                      info.build_id or "none")
+            log.debug(
+                "no .symtab and no debug file for %s (build id %s): .dynsym only", binary_path, info.build_id or "none"
+            )
         table = SymbolTable.build([symtab, info.dynsym])
         info.symtab = info.dynsym = None  # the table holds what is needed
         return _SymbolFile(info, table, debug_file)

@@ -100,9 +100,7 @@ def _read_elf(stream: BinaryIO, file_size: int) -> ElfInfo:
                 if info.build_id:
                     break
     exec_ends = {
-        i: int(s["sh_addr"]) + int(s["sh_size"])
-        for i, s in enumerate(sections)
-        if int(s["sh_flags"]) & _SHF_EXECINSTR
+        i: int(s["sh_addr"]) + int(s["sh_size"]) for i, s in enumerate(sections) if int(s["sh_flags"]) & _SHF_EXECINSTR
     }
     fmt = _symbol_format(elf.elfclass, elf.little_endian)
     for sec in sections:
@@ -222,9 +220,7 @@ class SymbolTable:
             index = len(strtabs)
             strtabs.append(raw.strtab)
             source_rank = -index
-            merged.extend(
-                (start, rank, source_rank, end, off * 4 + index) for start, end, rank, off in raw.entries
-            )
+            merged.extend((start, rank, source_rank, end, off * 4 + index) for start, end, rank, off in raw.entries)
             for k, v in raw.section_ends.items():
                 section_ends.setdefault(k, v)
         # Sort by address, best candidate last within one address, then keep the last of each run.

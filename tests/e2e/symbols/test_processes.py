@@ -304,3 +304,20 @@ def test_kernel_address_from_kallsyms() -> None:
         assert frame.name == f"{row[2]} [{module}]"
         assert frame.module == module
     assert sym.failures == 0
+
+
+def test_prepared_process_symbolized_after_exit(binaries: dict[str, Path], run: RunProgram, tmp_path: Path) -> None:
+    copy = tmp_path / "target-short"
+    shutil.copy(binaries["pie"], copy)
+    program = run(copy)
+    sym = Symbolizer()
+    sym.prepare(program.pid)
+    addresses = [program.addresses[n] for n in ("symbols_alpha", "vdso_clock_gettime", "jit_nanosleep_stub")]
+    pid = program.pid
+    program.stop()  # exited and reaped: /proc/PID is gone
+    copy.unlink()
+    assert not os.path.exists(f"/proc/{pid}")
+    frames = sym.user(pid, addresses)
+    assert names(frames)[0] == "symbols_alpha"
+    assert frames[1].module == "[vdso]" and frames[1].kind is FrameKind.NATIVE
+    assert names(frames)[2] == "jit_nanosleep_stub"
