@@ -321,3 +321,51 @@ def test_prepared_process_symbolized_after_exit(binaries: dict[str, Path], run: 
     assert names(frames)[0] == "symbols_alpha"
     assert frames[1].module == "[vdso]" and frames[1].kind is FrameKind.NATIVE
     assert names(frames)[2] == "jit_nanosleep_stub"
+
+
+@pytest.mark.parametrize(
+    ("mangling", "generic"),
+    [
+        ("legacy", "symbols_rust::offcpu::queue::generic_wait"),  # legacy names carry no generic arguments
+        ("v0", "symbols_rust::offcpu::queue::generic_wait::<u32>"),
+    ],
+)
+def test_rust_names_are_demangled(run: RunProgram, tmp_path: Path, mangling: str, generic: str) -> None:
+    binary = tmp_path / f"symbols_rust_{mangling}"
+    subprocess.run(
+        # Legacy is the default of stable rustc (asking for it by name is unstable in newer ones).
+        [need("rustc"), "-O", "-C", "force-frame-pointers=yes",
+         *(["-C", "symbol-mangling-version=v0"] if mangling == "v0" else []),
+         "-o", str(binary), str(Path(__file__).parent / "symbols_rust.rs")],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    program = run(binary)
+    frames = Symbolizer().user(program.pid, [program.addresses["wait_for"], program.addresses["generic_wait"]])
+    method = "symbols_rust::offcpu::queue::Drain::wait_for"
+    assert names(frames) == [method if mangling == "legacy" else f"<{method.rsplit('::', 1)[0]}>::wait_for", generic]
+
+
+def test_perf_map_inside_the_process_root_and_pid_namespace(
+    binaries: dict[str, Path], run: RunProgram, tmp_path: Path
+) -> None:
+    """A container-like process: own root (chroot) and own PID namespace, so it writes
+    <its root>/tmp/perf-1.map; the symbolizer must find it there, under the pid it sees."""
+    root = tmp_path / "root"
+    (root / "tmp").mkdir(parents=True)
+    libs = subprocess.run(["ldd", str(binaries["pie"])], check=True, capture_output=True, text=True).stdout
+    for token in libs.split():
+        if token.startswith("/"):
+            target = root / token.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(token, target)
+    shutil.copy(binaries["pie"], root / "target")
+    program = run(need("unshare"), "--pid", "--fork", "--kill-child", "chroot", str(root), "/target")
+    children = Path(f"/proc/{program.pid}/task/{program.pid}/children").read_text().split()
+    pid = int(children[0])  # unshare's child became chroot, then the target (exec keeps the pid)
+    status = Path(f"/proc/{pid}/status").read_text()
+    assert "NSpid:\t" in status and status.split("NSpid:")[1].split()[-1] == "1"
+    assert (root / "tmp" / "perf-1.map").exists() and not Path(f"/tmp/perf-{pid}.map").exists()
+    jit = program.addresses["jit_nanosleep_stub"]
+    frames = Symbolizer().user(pid, [jit + 1, program.addresses["symbols_alpha"]])
+    assert names(frames) == ["jit_nanosleep_stub", "symbols_alpha"]
+    assert frames[0].kind is FrameKind.JIT
