@@ -184,8 +184,8 @@ class Symbolizer:
                         self._vdso(proc, mapping)
                     elif mapping.is_file:
                         self._mapped_file(proc, mapping)
-                if any(not m.is_file and m.path != VDSO for m in proc.maps.mappings):
-                    self._refresh_perf_map(proc)  # anonymous executable memory: JIT code
+                # JIT runtimes (V8) also run code from mappings not marked executable in maps.
+                self._refresh_perf_map(proc)
             except Exception as exc:
                 self._log_error(f"process {pid}", exc)
 

@@ -349,7 +349,7 @@ def test_perf_map_inside_the_process_root_and_pid_namespace(
     binaries: dict[str, Path], run: RunProgram, tmp_path: Path
 ) -> None:
     """A container-like process: own root (chroot) and own PID namespace, so it writes
-    <its root>/tmp/perf-1.map; the symbolizer must find it there, under the pid it sees."""
+    <its root>/tmp/perf-<its own pid>.map; the symbolizer must find it there, under that pid."""
     root = tmp_path / "root"
     (root / "tmp").mkdir(parents=True)
     libs = subprocess.run(["ldd", str(binaries["pie"])], check=True, capture_output=True, text=True).stdout
@@ -363,8 +363,9 @@ def test_perf_map_inside_the_process_root_and_pid_namespace(
     children = Path(f"/proc/{program.pid}/task/{program.pid}/children").read_text().split()
     pid = int(children[0])  # unshare's child became chroot, then the target (exec keeps the pid)
     status = Path(f"/proc/{pid}/status").read_text()
-    assert "NSpid:\t" in status and status.split("NSpid:")[1].split()[-1] == "1"
-    assert (root / "tmp" / "perf-1.map").exists() and not Path(f"/tmp/perf-{pid}.map").exists()
+    nspid = int(status.split("NSpid:")[1].split("\n")[0].split()[-1])
+    assert nspid != pid
+    assert (root / "tmp" / f"perf-{nspid}.map").exists() and not Path(f"/tmp/perf-{pid}.map").exists()
     jit = program.addresses["jit_nanosleep_stub"]
     frames = Symbolizer().user(pid, [jit + 1, program.addresses["symbols_alpha"]])
     assert names(frames) == ["jit_nanosleep_stub", "symbols_alpha"]
