@@ -1,13 +1,19 @@
 // SPDX-License-Identifier: GPL-2.0
 /* Off-CPU time per stack for the watched processes, compiled by bcc at start.
  *
- * Two attach modes share one counting logic (account()):
+ * Attach modes share one counting logic (account()):
  *  - OFFCPU_ATTACH_KPROBE: a kprobe on finish_task_switch(prev), SkyWalking Rover's and bcc
  *    offcputime's hook. It runs in the task that is switched in, so the stack captured there is
  *    the stack it blocked on. Reads prev's task_struct: needs headers that match the kernel.
  *  - OFFCPU_ATTACH_TRACEPOINT: sched:sched_switch, where current is still prev: the stack is
  *    captured at switch-out and the time is charged at switch-in (next_pid). Uses only the
  *    tracepoint's own fields, so it is exact with any headers.
+ *  - OFFCPU_ATTACH_RAW_TRACEPOINT: the same hook and logic as a raw tracepoint (what tracepoint
+ *    mode uses when the kernel has BTF). Perf-event tracepoints and kprobes share one per-CPU
+ *    guard, bpf_prog_active, with map system calls: a task preempted inside one (a map read by any
+ *    BPF user on the machine) leaves the guard taken on that CPU and every switch there is skipped
+ *    until it runs again. Raw tracepoints guard each program on its own. next's pid is read at
+ *    TASK_PID_OFFSET, taken from the running kernel's BTF, so headers do not matter here either.
  *
  * The kernel side only counts. Filtering comes first so that unwatched tasks cost one lookup.
  * Set by the loader with -D: OFFCPU_ATTACH_*, PER_THREAD, WATCH_ALL, FOLLOW_CHILDREN,
@@ -198,8 +204,52 @@ TRACEPOINT_PROBE(task, task_newtask)
 	c.fork_boot_ns = bpf_ktime_get_boot_ns();
 	c.parent_tgid = parent;
 	bpf_probe_read_kernel(&c.comm, sizeof(c.comm), args->comm);
-	if (targets.update(&child, &watch) == 0)
-		children.update(&child, &c);
+	/* children first: user space treats a target it did not add as stale unless it is a child. */
+	if (children.update(&child, &c) == 0)
+		targets.update(&child, &watch);
+	return 0;
+}
+#endif
+
+#ifdef OFFCPU_ATTACH_RAW_TRACEPOINT
+/* TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int
+ * prev_state): prev_state is the raw task state (since 5.18), preempt says it was preempted. */
+static __always_inline u32 reason_of_raw_state(u64 preempt, u64 state)
+{
+	if (preempt || (state & 0xff) == 0)
+		return OFFCPU_REASON_RUNNABLE;
+	if (state & 0x0001) /* TASK_INTERRUPTIBLE */
+		return OFFCPU_REASON_SLEEPING;
+	if ((state & 0x0002) && (state & 0x0400)) /* TASK_IDLE = UNINTERRUPTIBLE | NOLOAD */
+		return OFFCPU_REASON_SLEEPING;
+	if (state & 0x0002)
+		return OFFCPU_REASON_UNINTERRUPTIBLE;
+	return OFFCPU_REASON_OTHER;
+}
+
+RAW_TRACEPOINT_PROBE(sched_switch)
+{
+	u64 now = bpf_ktime_get_ns();
+	u64 id = bpf_get_current_pid_tgid(); /* current is still prev here */
+	u32 tgid = id >> 32;
+
+	if (is_target(tgid)) {
+		struct offcpu_start s = {};
+		s.ts_ns = now;
+		s.tgid = tgid;
+		s.reason = reason_of_raw_state(ctx->args[0], ctx->args[3]);
+		s.user_stack_id = stack_traces.get_stackid(ctx, BPF_F_USER_STACK);
+		s.kernel_stack_id = stack_traces.get_stackid(ctx, 0);
+		store_start((u32)id, &s);
+	}
+
+	u32 next = 0;
+	bpf_probe_read_kernel(&next, sizeof(next), (void *)ctx->args[2] + TASK_PID_OFFSET);
+	struct offcpu_start *s = start.lookup(&next);
+	if (!s)
+		return 0;
+	account(s, next, now, s->user_stack_id, s->kernel_stack_id);
+	start.delete(&next);
 	return 0;
 }
 #endif

@@ -244,7 +244,7 @@ class Aggregator:
             if addresses is None:
                 self._lost_half("kernel", -errno.ENOENT, count)
                 return (lost_frame("RECLAIMED"),)
-            frames = self.symbolizer.kernel(addresses)
+            frames = _without_probe_frames(self.symbolizer.kernel(addresses))
             self._kernel_stacks[stack_id] = frames
         return frames
 
@@ -356,6 +356,19 @@ class Aggregator:
     @property
     def latest(self) -> Snapshot:
         return self._latest
+
+
+# The probe's own frames at the leaf of a kernel stack captured in a (raw) tracepoint or kprobe:
+# the BPF program, the tracepoint iterator, the perf/kprobe glue. They say nothing about the wait.
+_PROBE_FRAME_PREFIXES = ("bpf_prog_", "bpf_trace_run", "__traceiter_", "__bpf_trace_", "trace_call_bpf",
+                         "perf_trace_", "kprobe_", "aggr_pre_handler", "pre_handler_kretprobe")
+
+
+def _without_probe_frames(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    i = 0
+    while i < len(frames) - 1 and frames[i].name.startswith(_PROBE_FRAME_PREFIXES):
+        i += 1
+    return frames[i:]
 
 
 def _thread_name(tgid: int, tid: int) -> str:

@@ -32,10 +32,9 @@ log = logging.getLogger("exporter")
 # Output modules plugged into `serve` (see exporter/sinks/__init__.py).
 SINK_MODULES: tuple[str, ...] = (
     "exporter.sinks.prometheus",
+    "exporter.sinks.skywalking",
 )
 
-# The port is not one of the well-known exporter ports (9100 node, 9435 ebpf_exporter, ...).
-DEFAULT_LISTEN = ":9961"
 
 EXAMPLES = """\
 examples:
@@ -119,12 +118,9 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
                            epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     for add in (_add_common, _add_targets, _add_probe, _add_aggregate):
         add(serve)
-    try:
-        from exporter.web import server as web_server
+    from exporter.web import server as web_server
 
-        web_server.add_arguments(serve)
-    except ImportError:  # TEMP until the web server lands
-        serve.add_argument("--web.listen-address", dest="web_listen_address", default=DEFAULT_LISTEN)
+    web_server.add_arguments(serve)
     for module in sink_modules:
         module.add_arguments(serve)
 

@@ -41,6 +41,8 @@ class Pipeline:
         self._stop = threading.Event()
         self._flushed = threading.Condition(self._lock)
         self._flush_requests = 0
+        self._flushes_started = 0
+        self._flushes_done = 0
         self._thread: threading.Thread | None = None
         self._sink_errors = RateLimitedLog(log, interval=60)
         self._prepared: set[int] = set()
@@ -57,13 +59,15 @@ class Pipeline:
             return [s for s in self._history if s.time_ns >= cutoff]
 
     def flush_now(self, timeout: float = 10.0) -> Snapshot:
-        """Ask the loop for a flush and wait for the snapshot it makes."""
+        """Ask the loop for a flush and wait for its snapshot: one that *started* after this call,
+        so it holds everything the kernel counted before it (a flush already under way may have
+        read the maps earlier)."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            start_seq = self._latest.sequence
+            wanted = self._flushes_started + 1
             self._flush_requests += 1
             self._wake.set()
-            while self._latest.sequence == start_seq:
+            while self._flushes_done < wanted:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._stop.is_set():
                     break
@@ -92,6 +96,7 @@ class Pipeline:
             return
         wanted = self.processes.watched_pids()
         for pid in wanted - kernel.keys():
+            log.debug("adding target %d to the kernel filter", pid)
             self.probe.set_target(pid, layout.TARGET_WATCH)
         children = self.probe.children() if self.probe.config.follow_children else {}
         for pid in kernel.keys() - wanted:
@@ -100,11 +105,16 @@ class Pipeline:
                 parent, boot_ns, comm = children[pid]
                 if not self.processes.adopt(pid, parent=parent, comm=comm, boot_ns=boot_ns).exited:
                     continue
+            log.debug("removing target %d from the kernel filter", pid)
             self.probe.remove_target(pid)
 
     def flush(self) -> Snapshot:
+        with self._lock:
+            self._flushes_started += 1
+            number = self._flushes_started
         snapshot = self.aggregator.flush()
         with self._lock:
+            self._flushes_done = number
             self._latest = snapshot
             self._history.append(snapshot)
             cutoff = snapshot.time_ns - int(self._history_seconds * 1e9)

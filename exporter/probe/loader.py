@@ -7,10 +7,11 @@ import ctypes
 import errno
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from exporter.probe import layout
+from exporter.probe.btf import BtfError, struct_member_offsets
 from exporter.probe.kernel import KernelFacts, finish_task_switch_symbols, probe_kernel
 
 __all__ = ["Probe", "ProbeConfig", "ProbeError", "RawKey"]
@@ -41,11 +42,13 @@ class ProbeConfig:
     max_counts: int = 65536
     stack_storage: int = 16384
     max_hist: int = 16384
+    raw_tracepoint: bool | None = None  # tracepoint mode: raw when BTF allows (None), always, never
 
-    def cflags(self, mode: str) -> list[str]:
+    def cflags(self, mode: str, extra: Sequence[str] = ()) -> list[str]:
         return [
             f"-I{layout.BPF_DIR}",
             f"-DOFFCPU_ATTACH_{mode.upper()}",
+            *extra,
             f"-DPER_THREAD={int(self.per_thread)}",
             f"-DWATCH_ALL={int(self.watch_all)}",
             f"-DFOLLOW_CHILDREN={int(self.follow_children)}",
@@ -113,19 +116,39 @@ class Probe:
                 "kernel headers are %s but the kernel is %s: task_struct offsets may be wrong in kprobe mode",
                 facts.headers_release, facts.release,
             )
+        variant, extra = mode, []
+        if mode == "tracepoint" and self.config.raw_tracepoint is not False:
+            pid_offset = self._task_pid_offset()
+            if pid_offset is not None:
+                variant, extra = "raw_tracepoint", [f"-DTASK_PID_OFFSET={pid_offset}"]
+            elif self.config.raw_tracepoint:
+                raise ProbeError("raw tracepoint asked for, but task_struct.pid is not in /sys/kernel/btf/vmlinux")
         source = (layout.BPF_DIR / layout.SOURCE).read_text()
         try:
-            self._bpf = bcc.BPF(text=source.encode(), cflags=self.config.cflags(mode))
+            self._bpf = bcc.BPF(text=source.encode(), cflags=self.config.cflags(variant, extra))
         except Exception as e:  # bcc raises a bare Exception with the compiler's message
             raise ProbeError(f"the BPF program failed to compile or load: {e}") from e
         self.mode = mode
         if mode == "kprobe":
             self._attach_kprobes()
+        elif variant == "raw_tracepoint":
+            self.hooked = ("raw_tp:sched_switch",)
         else:
             self.hooked = ("sched:sched_switch",)
         lib = bcc.libbcc.lib
         self._lookup_and_delete = getattr(lib, "bpf_lookup_and_delete", None)
         log.info("probe attached: mode=%s (%s), hooked=%s", self.mode, self.why, ",".join(self.hooked))
+
+    def _task_pid_offset(self) -> int | None:
+        # The 4-argument raw sched_switch (with prev_state) exists since 5.18.
+        major, minor = (int(x) for x in self.facts.release.split(".")[:2])
+        if not self.facts.btf or (major, minor) < (5, 18):
+            return None
+        try:
+            return struct_member_offsets("task_struct", ["pid"]).get("pid")
+        except BtfError as e:
+            log.warning("BTF unreadable (%s): using the perf-event tracepoint", e)
+            return None
 
     def _attach_kprobes(self) -> None:
         symbols = finish_task_switch_symbols()

@@ -86,9 +86,7 @@ class TLSConfig:
         try:
             ctx.load_cert_chain(self.cert_file, self.key_file)
         except (OSError, ssl.SSLError) as e:
-            raise WebConfigError(
-                f"cannot load TLS certificate {self.cert_file} / key {self.key_file}: {e}"
-            ) from e
+            raise WebConfigError(f"cannot load TLS certificate {self.cert_file} / key {self.key_file}: {e}") from e
         ctx.verify_mode = self.client_auth
         if self.client_ca_file is not None:
             try:
@@ -157,9 +155,7 @@ def _tls(section: Any, base: Path) -> TLSConfig | None:
     if not isinstance(sans, list) or not all(isinstance(s, str) for s in sans):
         raise WebConfigError("tls_server_config.client_allowed_sans must be a list of strings")
     if sans and client_auth != ssl.CERT_REQUIRED:
-        raise WebConfigError(
-            "tls_server_config.client_allowed_sans needs client_auth_type RequireAndVerifyClientCert"
-        )
+        raise WebConfigError("tls_server_config.client_allowed_sans needs client_auth_type RequireAndVerifyClientCert")
     tls = TLSConfig(
         cert_file=base / str(cert),
         key_file=base / str(key_file),

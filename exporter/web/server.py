@@ -388,7 +388,11 @@ class WebServer:
         loop = asyncio.get_running_loop()
         if self._auth.enabled:
             authorization = request.headers.get("authorization")
-            ok = await loop.run_in_executor(self._auth_pool, self._auth.check, authorization)
+            # Cached successes are checked on the loop, so that password guessers queueing bcrypt
+            # checks on the auth thread do not delay scrapes with known credentials.
+            ok = self._auth.check_cached(authorization)
+            if ok is None:
+                ok = await loop.run_in_executor(self._auth_pool, self._auth.check, authorization)
             if not ok:
                 return Response(401, b"Unauthorized\n", headers={"WWW-Authenticate": "Basic"})
         if request.path in _BUILTIN_PATHS:

@@ -9,91 +9,22 @@ per-stack series must sum to the process total.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
+import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.exporter import ExporterProcess, free_port
+from tests.e2e.prometheus_server import SCRAPE_INTERVAL_S, PrometheusServer, scrape_config
+from tests.support.exporter import ExporterProcess
 from tests.support.workloads import Workload
 
 pytestmark = pytest.mark.kernel
 
-SCRAPE_INTERVAL_S = 1
 WINDOW_S = 15
-
-
-class PrometheusServer:
-    def __init__(self, tmp: Path, target: str) -> None:
-        binary = shutil.which("prometheus")
-        if binary is None:
-            pytest.fail("prometheus not found: scripts/setup --test installs Debian's prometheus package")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = tmp / "prometheus.yml"
-        config.write_text(
-            "global:\n"
-            f"  scrape_interval: {SCRAPE_INTERVAL_S}s\n"
-            f"  scrape_timeout: {SCRAPE_INTERVAL_S}s\n"
-            "scrape_configs:\n"
-            "  - job_name: offcpu\n"
-            "    static_configs:\n"
-            f"      - targets: ['{target}']\n"
-        )
-        self.log_path = tmp / "prometheus.log"
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=self._log, stderr=subprocess.STDOUT,
-        )
-
-    def api(self, path: str, **params: str) -> Any:
-        url = f"{self.url}{path}?{urllib.parse.urlencode(params)}" if params else self.url + path
-        with urllib.request.urlopen(url, timeout=10) as r:
-            body = json.loads(r.read())
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, promql: str, at: float) -> list[dict[str, Any]]:
-        return list(self.api("/api/v1/query", query=promql, time=f"{at:.3f}")["result"])
-
-    def value(self, promql: str, at: float) -> float:
-        result = self.query(promql, at)
-        assert len(result) == 1, (promql, result)
-        return float(result[0]["value"][1])
-
-    def wait_target_up(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {self.log_path.read_text()}")
-            try:
-                last = self.api("/api/v1/targets")["activeTargets"]
-                if last and all(t["health"] == "up" for t in last):
-                    return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"target not up within {timeout} s: {last}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
 
 
 @pytest.fixture
@@ -106,7 +37,7 @@ def workload() -> Iterator[Workload]:
 def test_prometheus_scrapes_known_rates_and_exact_stack_sums(tmp_path: Path, workload: Workload) -> None:
     # Flushing every 0.25 s keeps the step of the counters small against the 15 s rate() window.
     with ExporterProcess(["--pid", str(workload.pid), "--flush-interval", "0.25"]) as exporter:
-        prom = PrometheusServer(tmp_path, f"127.0.0.1:{exporter.port}")
+        prom = PrometheusServer(tmp_path, scrape_config("offcpu", f"127.0.0.1:{exporter.port}"))
         try:
             prom.wait_target_up()
             workload.go()
@@ -118,17 +49,21 @@ def test_prometheus_scrapes_known_rates_and_exact_stack_sums(tmp_path: Path, wor
             pid = str(workload.pid)
             process_rate = prom.value(f'sum(rate(offcpu_seconds_total{{pid="{pid}"}}[{WINDOW_S}s]))', at)
             stack_rate = prom.value(
-                f'sum(rate(offcpu_stack_seconds_total{{pid="{pid}",user_function="offcpu_sleep_ms"}}[{WINDOW_S}s]))',
-                at)
+                f'sum(rate(offcpu_stack_seconds_total{{pid="{pid}",user_function="offcpu_sleep_ms"}}[{WINDOW_S}s]))', at
+            )
             sleeping_rate = prom.value(
-                f'sum(rate(offcpu_seconds_total{{pid="{pid}",reason="sleeping"}}[{WINDOW_S}s]))', at)
+                f'sum(rate(offcpu_seconds_total{{pid="{pid}",reason="sleeping"}}[{WINDOW_S}s]))', at
+            )
             stack_sum = prom.query("sum by (pid) (offcpu_stack_seconds_total)", at)
             process_sum = prom.query("sum by (pid) (offcpu_seconds_total)", at)
             switches_diff = prom.value(
-                f'sum(offcpu_stack_switches_total{{pid="{pid}"}}) - sum(offcpu_switches_total{{pid="{pid}"}})', at)
+                f'sum(offcpu_stack_switches_total{{pid="{pid}"}}) - sum(offcpu_switches_total{{pid="{pid}"}})', at
+            )
             median = prom.value(
                 f'histogram_quantile(0.5, sum by (le) (rate(offcpu_block_duration_seconds_bucket{{pid="{pid}"}}'
-                f"[{WINDOW_S}s])))", at)
+                f"[{WINDOW_S}s])))",
+                at,
+            )
             up = prom.value('up{job="offcpu"}', at)
             scrape = exporter.get("/metrics")
             result = workload.wait(timeout=120)
@@ -136,8 +71,10 @@ def test_prometheus_scrapes_known_rates_and_exact_stack_sums(tmp_path: Path, wor
             prom.stop()
 
     known = sum(t.blocked_ns / t.wall_ns for t in result.threads)
-    print(f"known {known:.4f} s/s; rate(): process {process_rate:.4f}, stack {stack_rate:.4f}, "
-          f"sleeping {sleeping_rate:.4f}; median block {median * 1000:.1f} ms")
+    print(
+        f"known {known:.4f} s/s; rate(): process {process_rate:.4f}, stack {stack_rate:.4f}, "
+        f"sleeping {sleeping_rate:.4f}; median block {median * 1000:.1f} ms"
+    )
     assert known == pytest.approx(2.0, rel=0.05)  # the workload did what it says
     assert up == 1.0
     assert process_rate == pytest.approx(known, rel=0.10)
@@ -161,3 +98,20 @@ def promtool_check(body: bytes) -> None:
         pytest.fail("promtool not found: scripts/setup --test installs Debian's prometheus package")
     r = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=60)
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), (r.stdout + r.stderr).decode()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--web.config.file", "/nonexistent/web.yml"], "cannot read web config file /nonexistent/web.yml"),
+        (["--web.listen-address", "127.0.0.1"], "expected host:port"),
+        (["--prometheus.top-stacks", "-1"], "must not be negative"),
+    ],
+)
+def test_bad_web_and_prometheus_options_exit_2_with_one_line(args: list[str], message: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "exporter", "serve", "--pid", "1", "--web.listen-address",
+                        "127.0.0.1:0", *args], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if message in line]
+    assert len(lines) == 1, r.stderr

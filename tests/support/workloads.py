@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -15,12 +16,15 @@ _BUILD_DIR = Path(os.environ.get("OFFCPU_TEST_BUILD", Path(tempfile.gettempdir()
 
 
 def build(source: Path = SOURCE, name: str | None = None, extra_flags: tuple[str, ...] = ()) -> Path:
-    """Compile once per source content (cached by mtime in a temp dir that survives the read-only
-    checkout of the kernel-matrix guest)."""
+    """Compile once per source content and flags (cached in a temp dir, which also works with the
+    read-only checkout of the kernel-matrix guest; checkouts of different versions do not mix)."""
     _BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    out = _BUILD_DIR / (name or source.stem)
-    if not out.exists() or out.stat().st_mtime < source.stat().st_mtime:
-        tmp = out.with_suffix(".tmp")
+    digest = hashlib.sha1(source.read_bytes() + " ".join(extra_flags).encode()).hexdigest()[:12]
+    # The file name is the process's comm (15 characters at most): keep the stem first.
+    out = _BUILD_DIR / digest / (name or source.stem)
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".tmp{os.getpid()}")
         subprocess.run(
             ["gcc", "-O0", "-g", "-fno-omit-frame-pointer", "-pthread", *extra_flags, "-o", str(tmp),
              str(source)],
@@ -39,6 +43,7 @@ class ThreadResult:
     wall_ns: int
     oncpu_ns: int
     runq_ns: int
+    switches: int  # times switched in between the two schedstat reads (schedstat field 3)
 
 
 @dataclass

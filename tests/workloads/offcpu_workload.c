@@ -46,6 +46,7 @@ struct thread_result {
 	uint64_t start_ns, end_ns;
 	uint64_t oncpu_start_ns, oncpu_end_ns; /* /proc/self/task/TID/schedstat field 1 */
 	uint64_t runq_start_ns, runq_end_ns;   /* field 2: run-queue wait */
+	uint64_t slices_start, slices_end;     /* field 3: times switched in */
 };
 static struct thread_result results[MAX_THREADS];
 
@@ -67,20 +68,21 @@ static uint64_t thread_cpu_ns(void)
  * ticks and switches, so the running thread reads a value that lags by up to a slice; the on-CPU
  * time reported is therefore CLOCK_THREAD_CPUTIME_ID (the same sum_exec_runtime, brought up to
  * date), and schedstat gives the run-queue wait. */
-static void schedstat(long tid, uint64_t *oncpu, uint64_t *runq)
+static void schedstat(long tid, uint64_t *oncpu, uint64_t *runq, uint64_t *slices)
 {
 	char path[64];
-	unsigned long long a = 0, b = 0;
+	unsigned long long a = 0, b = 0, c = 0;
 	snprintf(path, sizeof(path), "/proc/self/task/%ld/schedstat", tid);
 	FILE *f = fopen(path, "r");
 	if (f) {
-		if (fscanf(f, "%llu %llu", &a, &b) != 2)
-			a = b = 0;
+		if (fscanf(f, "%llu %llu %llu", &a, &b, &c) != 3)
+			a = b = c = 0;
 		fclose(f);
 	}
 	(void)a;
 	*oncpu = thread_cpu_ns();
 	*runq = b;
+	*slices = c;
 }
 
 static long raw_syscall4(long nr, long a, long b, long c, long d)
@@ -192,7 +194,7 @@ static void *thread_main(void *arg)
 {
 	struct thread_result *r = arg;
 	r->tid = syscall(SYS_gettid);
-	schedstat(r->tid, &r->oncpu_start_ns, &r->runq_start_ns);
+	schedstat(r->tid, &r->oncpu_start_ns, &r->runq_start_ns, &r->slices_start);
 	r->start_ns = now_ns();
 	if (!strcmp(mode, "sleep")) {
 		r->function = "offcpu_sleep_ms";
@@ -205,7 +207,7 @@ static void *thread_main(void *arg)
 		mutex_worker(r);
 	}
 	r->end_ns = now_ns();
-	schedstat(r->tid, &r->oncpu_end_ns, &r->runq_end_ns);
+	schedstat(r->tid, &r->oncpu_end_ns, &r->runq_end_ns, &r->slices_end);
 	return NULL;
 }
 
@@ -298,11 +300,12 @@ int main(int argc, char **argv)
 	for (int i = 0; i < n; i++) {
 		struct thread_result *r = &results[i];
 		printf("%s{\"tid\": %ld, \"function\": \"%s\", \"blocked_ns\": %llu, \"calls\": %llu, "
-		       "\"wall_ns\": %llu, \"oncpu_ns\": %llu, \"runq_ns\": %llu}",
+		       "\"wall_ns\": %llu, \"oncpu_ns\": %llu, \"runq_ns\": %llu, \"switches\": %llu}",
 		       i ? ", " : "", r->tid, r->function, (unsigned long long)r->blocked_ns,
 		       (unsigned long long)r->calls, (unsigned long long)(r->end_ns - r->start_ns),
 		       (unsigned long long)(r->oncpu_end_ns - r->oncpu_start_ns),
-		       (unsigned long long)(r->runq_end_ns - r->runq_start_ns));
+		       (unsigned long long)(r->runq_end_ns - r->runq_start_ns),
+		       (unsigned long long)(r->slices_end - r->slices_start));
 	}
 	printf("]}\n");
 	fflush(stdout);

@@ -36,8 +36,24 @@ def stack(user_leaf: str, kernel_leaf: str = "do_nanosleep", extra: str = "main"
     )
 
 
-def process(pid: int, comm: str = "app", start: int = 1000, exited: bool = False, **kw: str) -> ProcessInfo:
-    return ProcessInfo(ProcessKey(pid, start), comm, exe=f"/usr/bin/{comm}", exited=exited, **kw)
+def process(
+    pid: int,
+    comm: str = "app",
+    start: int = 1000,
+    exited: bool = False,
+    namespace: str = "",
+    pod: str = "",
+    container: str = "",
+) -> ProcessInfo:
+    return ProcessInfo(
+        ProcessKey(pid, start),
+        comm,
+        exe=f"/usr/bin/{comm}",
+        exited=exited,
+        namespace=namespace,
+        pod=pod,
+        container=container,
+    )
 
 
 class Builder:

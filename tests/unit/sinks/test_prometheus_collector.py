@@ -151,8 +151,8 @@ def test_cardinality_overflow_folds_processes_into_other_and_counts_them() -> No
     stack_sums = by(text, "offcpu_stack_seconds_total", "pid")
     proc_sums = by(text, "offcpu_seconds_total", "pid")
     assert stack_sums.keys() == proc_sums.keys()
-    for pid, v in proc_sums.items():
-        assert stack_sums[pid] == pytest.approx(v)
+    for pid_label, v in proc_sums.items():
+        assert stack_sums[pid_label] == pytest.approx(v)
     assert (
         samples(text, "offcpu_exporter_cardinality_overflow_total") == [({"what": "processes"}, 20.0)]
         or dict((lab["what"], v) for lab, v in samples(text, "offcpu_exporter_cardinality_overflow_total"))["processes"]

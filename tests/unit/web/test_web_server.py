@@ -407,6 +407,27 @@ def test_tls_with_basic_auth(pki: Path) -> None:
         s.stop()
 
 
+def test_password_guessers_do_not_delay_scrapes_with_known_credentials(pki: Path) -> None:
+    s = tls_server(pki)
+    ctx = client_context(pki)
+    try:
+        assert get(s, "/metrics", basic("prometheus", "s3cret"), context=ctx)[0] == 200  # now cached
+        with ThreadPoolExecutor(30) as pool:
+            # 30 wrong passwords at once: ~30 serialized bcrypt checks (about 2 s) queue up.
+            guesses = [
+                pool.submit(get, s, "/metrics", basic("prometheus", f"guess{i}"), "GET", ctx, 30) for i in range(30)
+            ]
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            assert get(s, "/metrics", basic("prometheus", "s3cret"), context=ctx)[0] == 200
+            assert time.monotonic() - t0 < 0.5
+            queued = sum(not g.done() for g in guesses)
+            assert all(g.result(60)[0] == 401 for g in guesses)
+        assert queued > 5  # the guesses really were still waiting for bcrypt
+    finally:
+        s.stop()
+
+
 def test_tls_client_certificates(pki: Path) -> None:
     s = tls_server(
         pki,
@@ -496,3 +517,16 @@ def test_address_in_use_fails_start(server: WebServer) -> None:
     other = WebServer(Routes(), WebOptions(listen_address=f"127.0.0.1:{server.port}"))
     with pytest.raises(OSError):
         other.start()
+
+
+def test_the_documented_web_config_loads(pki: Path, tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "prometheus.md").read_text()
+    block = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    block = block.replace("/etc/offcpu-exporter/tls.crt", str(pki / "server.crt"))
+    block = block.replace("/etc/offcpu-exporter/tls.key", str(pki / "server.key"))
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(block)
+    config = load_web_config(cfg)
+    assert config.tls is not None and config.headers["Strict-Transport-Security"]
+    auth = BasicAuth(config.users)
+    assert auth.check(basic("prometheus", "example")["Authorization"])

@@ -1,0 +1,1 @@
+"""Generated SkyWalking protocol modules (see generate.py)."""
