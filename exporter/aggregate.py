@@ -215,7 +215,7 @@ class Aggregator:
         info = self._process_of(tgid)
         symbol_pid = tgid
         child = self._children.get(tgid)
-        if child is not None and child[2] == info.comm and self.processes.info(child[0]) is not None:
+        if child is not None and child[2] == info.comm and self.processes.latest(child[0]) is not None:
             # Forked by a watched process and (same comm) not exec'd since: the parent's address
             # space, which stays readable when a short-lived child is already gone.
             symbol_pid = child[0]
@@ -273,13 +273,16 @@ class Aggregator:
         for key in keys:
             self._infos.pop(key, None)
         for info in gone:
+            if self.processes.latest(info.pid) is not None:
+                continue  # the pid is held by a newer process now: its state is not ours to drop
             self.symbolizer.forget(info.pid)
             self.probe.delete_hist(info.pid)
-            self.probe.forget_child(info.pid) if self.probe.config.follow_children else None
-            for k in [k for k in self._user_stacks if k[0] == info.pid]:
-                del self._user_stacks[k]
-            for k in [k for k in self._thread_names if k[0] == info.pid]:
-                del self._thread_names[k]
+            if self.probe.config.follow_children:
+                self.probe.forget_child(info.pid)
+            for stack_key in [k for k in self._user_stacks if k[0] == info.pid]:
+                del self._user_stacks[stack_key]
+            for thread_key in [k for k in self._thread_names if k[0] == info.pid]:
+                del self._thread_names[thread_key]
         return gone
 
     # -- the snapshot ----------------------------------------------------------------------

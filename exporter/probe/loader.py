@@ -155,7 +155,8 @@ class Probe:
         if not symbols:
             log.warning("no finish_task_switch symbol found in /proc/kallsyms; trying finish_task_switch")
             symbols = ("finish_task_switch",)
-        hooked = []
+        hooked: list[str] = []
+        assert self._bpf is not None
         for symbol in symbols:
             try:
                 self._bpf.attach_kprobe(event=symbol.encode(), fn_name=b"offcpu_finish_task_switch")

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from exporter.snapshot import ZERO, Reason
 from exporter.probe.loader import ProbeConfig
+from exporter.snapshot import ZERO, Reason
 from tests.support.inprocess import ATTACH, running_pipeline, total, with_function
 from tests.support.workloads import Workload
 
@@ -69,7 +69,9 @@ def test_on_cpu_plus_off_cpu_is_wall_time() -> None:
         time.sleep(0.1)
         snap = p.flush_now()
     for thread in result.threads:
-        off = sum((s.total for s in snap.samples if s.tid == thread.tid), ZERO)
+        # A thread's exit (do_exit) comes after its last reading: not part of its measured wall time.
+        off = sum((s.total for s in snap.samples
+                   if s.tid == thread.tid and "do_exit" not in _kernel_names([s])), ZERO)
         assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns, rel=0.03), thread
 
 
@@ -102,6 +104,7 @@ def test_mutex_waiters_block_in_futex_wait() -> None:
         time.sleep(0.1)
         snap = p.flush_now()
     samples = with_function(snap, "offcpu_lock_wait", w.pid)
+    assert samples, [(s.tid, s.stack.folded()) for s in snap.samples]
     assert any(name.startswith("futex_wait") for name in _kernel_names(samples)), _kernel_names(samples)
     assert result.blocked_ns > 100_000_000  # the workload really contended
     for thread in result.threads:
@@ -122,7 +125,7 @@ def test_short_lived_children_are_followed_and_named() -> None:
     with (Workload("child", iterations=iterations, interval_ms=interval_ms) as w,
           running_pipeline(pids=(w.pid,), follow_children=True) as p):
         w.go()
-        w.wait()
+        result = w.wait()
         time.sleep(0.1)
         snap = p.flush_now()
     samples = with_function(snap, "offcpu_child_sleep")
@@ -131,9 +134,8 @@ def test_short_lived_children_are_followed_and_named() -> None:
     assert w.pid not in children
     for pid in children:
         assert snap.processes[next(s.process for s in samples if s.process.pid == pid)].info.comm == "offcpu_workload"
-    requested = iterations * interval_ms * 1_000_000
-    assert total(samples).ns == pytest.approx(requested, rel=0.05)
-    assert total(samples).count == iterations
+    assert total(samples).ns == pytest.approx(result.blocked_ns, rel=0.05)  # each child timed its sleep
+    assert total([s for s in samples if s.reason is Reason.SLEEPING]).count == iterations
 
 
 def test_per_process_aggregation_sums_threads_and_stacks_sum_to_process_total() -> None:
@@ -191,12 +193,14 @@ def test_switch_counts_match_schedstat() -> None:
 def test_block_duration_histogram() -> None:
     with Workload("sleep", threads=1, iterations=30, interval_ms=20) as w, running_pipeline(pids=(w.pid,)) as p:
         w.go()
-        w.wait()
+        result = w.wait()
         time.sleep(0.1)
         snap = p.flush_now()
     view = next(v for k, v in snap.processes.items() if k.pid == w.pid)
-    # 20 ms = 20,000 us falls in slot 15: [2^14, 2^15) us; a loaded machine may wake a sleeper
-    # more than 12 ms late (slot 16), never early.
-    assert sum(view.histogram[15:]) >= 30
-    assert view.histogram[15] >= 27
-    assert sum(view.histogram[:15]) < 10  # only the exit path and the start-up wait are short
+    timed = result.threads[0].hist
+    # 20 ms = 20,000 us: slot 15, [2^14, 2^15) us; on a loaded machine a late wake-up moves a block
+    # into slot 16. The probe's slots match the workload's own timing of each call (a block the
+    # probe sees is a few microseconds shorter than the call around it: edges may differ by one).
+    assert sum(timed[15:]) == 30
+    for slot in (15, 16):
+        assert abs(view.histogram[slot] - timed[slot]) <= 1, (slot, view.histogram, timed)

@@ -44,6 +44,7 @@ class ThreadResult:
     oncpu_ns: int
     runq_ns: int
     switches: int  # times switched in between the two schedstat reads (schedstat field 3)
+    hist: list[int]  # its blocking calls per duration slot (sleep mode), slots as bpf/offcpu.h
 
 
 @dataclass

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -47,6 +48,7 @@ struct thread_result {
 	uint64_t oncpu_start_ns, oncpu_end_ns; /* /proc/self/task/TID/schedstat field 1 */
 	uint64_t runq_start_ns, runq_end_ns;   /* field 2: run-queue wait */
 	uint64_t slices_start, slices_end;     /* field 3: times switched in */
+	uint64_t hist[27];                     /* blocking calls per log2(us) slot, as bpf/offcpu.h */
 };
 static struct thread_result results[MAX_THREADS];
 
@@ -158,13 +160,25 @@ static void busy_ms(int ms)
 		;
 }
 
+static void count_block(struct thread_result *r, uint64_t ns)
+{
+	uint64_t us = ns / 1000;
+	int slot = 0;
+	while (us) { /* slot i holds [2^(i-1), 2^i) us */
+		slot++;
+		us >>= 1;
+	}
+	r->hist[slot > 26 ? 26 : slot]++;
+	r->blocked_ns += ns;
+	r->calls++;
+}
+
 __attribute__((noinline)) void sleep_worker(struct thread_result *r)
 {
 	for (int i = 0; i < iterations; i++) {
 		uint64_t t0 = now_ns();
 		offcpu_sleep_ms(interval_ms);
-		r->blocked_ns += now_ns() - t0;
-		r->calls++;
+		count_block(r, now_ns() - t0);
 	}
 }
 
@@ -214,20 +228,27 @@ static void *thread_main(void *arg)
 static void run_children(void)
 {
 	struct thread_result *r = &results[0];
+	/* Each child times its own sleep into memory shared with the parent. */
+	uint64_t *blocked = mmap(NULL, sizeof(uint64_t) * (size_t)iterations, PROT_READ | PROT_WRITE,
+				 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (blocked == MAP_FAILED)
+		exit(1);
 	r->tid = getpid();
 	r->function = "offcpu_child_sleep";
 	r->start_ns = now_ns();
 	for (int i = 0; i < iterations; i++) {
 		pid_t pid = fork();
 		if (pid == 0) {
+			uint64_t t0 = now_ns();
 			offcpu_child_sleep(interval_ms);
+			blocked[i] = now_ns() - t0;
 			_exit(0);
 		}
 		int status;
 		waitpid(pid, &status, 0);
 		r->calls++;
+		r->blocked_ns += blocked[i];
 	}
-	r->blocked_ns = (uint64_t)iterations * interval_ms * 1000000ull; /* requested, per child */
 	r->end_ns = now_ns();
 }
 
@@ -299,9 +320,12 @@ int main(int argc, char **argv)
 	       "\"threads\": [", getpid(), mode, iterations, interval_ms, (unsigned long long)(t1 - t0));
 	for (int i = 0; i < n; i++) {
 		struct thread_result *r = &results[i];
-		printf("%s{\"tid\": %ld, \"function\": \"%s\", \"blocked_ns\": %llu, \"calls\": %llu, "
+		printf("%s{\"hist\": [", i ? ", " : "");
+		for (int h = 0; h < 27; h++)
+			printf("%s%llu", h ? ", " : "", (unsigned long long)r->hist[h]);
+		printf("], \"tid\": %ld, \"function\": \"%s\", \"blocked_ns\": %llu, \"calls\": %llu, "
 		       "\"wall_ns\": %llu, \"oncpu_ns\": %llu, \"runq_ns\": %llu, \"switches\": %llu}",
-		       i ? ", " : "", r->tid, r->function, (unsigned long long)r->blocked_ns,
+		       r->tid, r->function, (unsigned long long)r->blocked_ns,
 		       (unsigned long long)r->calls, (unsigned long long)(r->end_ns - r->start_ns),
 		       (unsigned long long)(r->oncpu_end_ns - r->oncpu_start_ns),
 		       (unsigned long long)(r->runq_end_ns - r->runq_start_ns),
