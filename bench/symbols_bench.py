@@ -47,7 +47,7 @@ def generate_binary(functions: int) -> Path:
         f.write("typedef int (*fn)(int);\nstatic fn table[] = {\n")
         f.write(",\n".join(f"bench_fn_{i}" for i in range(functions)))
         f.write("};\nint main(void) {\n  setvbuf(stdout, NULL, _IOFBF, 1 << 20);\n")
-        f.write(f"  for (int i = 0; i < {functions}; i++) printf(\"%p\\n\", (void *)table[i]);\n")
+        f.write(f'  for (int i = 0; i < {functions}; i++) printf("%p\\n", (void *)table[i]);\n')
         f.write('  printf("ready\\n"); fflush(stdout);\n  getchar();\n  return 0;\n}\n')
     print(f"compiling {functions} functions (once; cached in {BUILD}) ...", file=sys.stderr)
     subprocess.run(["gcc", "-O0", "-o", str(binary), str(source)], check=True)

@@ -211,7 +211,10 @@ class SymbolTable:
     @classmethod
     def build(cls, sources: Iterable[RawSymbols | None]) -> SymbolTable:
         """Merge symbol tables (earlier sources preferred at equal addresses and rank)."""
-        merged: list[tuple[int, int, int, int | None, int]] = []
+        # One dict pass instead of sorting every candidate: .symtab and .dynsym mostly repeat each
+        # other, so the merged table is about half the candidates (and sorting ints is cheap).
+        best: dict[int, tuple[int, int, int | None, int]] = {}  # start -> (rank, -source, end, ref)
+        sized_end: dict[int, int] = {}
         section_ends: dict[int, int] = {}
         strtabs: list[bytes] = []
         for raw in sources:
@@ -219,25 +222,23 @@ class SymbolTable:
                 continue
             index = len(strtabs)
             strtabs.append(raw.strtab)
-            source_rank = -index
-            merged.extend((start, rank, source_rank, end, off * 4 + index) for start, end, rank, off in raw.entries)
+            get = best.get
+            for start, end, rank, off in raw.entries:
+                current = get(start)
+                if current is None or (rank, -index) > current[:2]:
+                    best[start] = (rank, -index, end, off * 4 + index)
+                if end is not None and end > sized_end.get(start, 0):
+                    sized_end[start] = end
             for k, v in raw.section_ends.items():
                 section_ends.setdefault(k, v)
-        # Sort by address, best candidate last within one address, then keep the last of each run.
-        merged.sort()
-        starts: list[int] = []
+        starts = sorted(best)
         ends: list[int | None] = []
         refs: list[int] = []
-        for start, _rank, _src, end, ref in merged:
-            if starts and starts[-1] == start:
-                if end is None and ends[-1] is not None:
-                    end = ends[-1]  # an unsized alias takes its sized twin's extent
-                ends[-1] = end
-                refs[-1] = ref
-            else:
-                starts.append(start)
-                ends.append(end)
-                refs.append(ref)
+        for start in starts:
+            _rank, _src, end, ref = best[start]
+            # An unsized alias takes its sized twin's extent.
+            ends.append(end if end is not None else sized_end.get(start))
+            refs.append(ref)
         # A zero-sized symbol (hand-written assembly) reaches to the next symbol, within its section.
         n = len(starts)
         final_ends: list[int] = []

@@ -112,7 +112,7 @@ def start(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None =
 
 
 class Recorder:
-    """`offcpu-exporter record` in the background, ready once its probe is attached."""
+    """`offcpu-exporter record` in the background; ready once every pid is in the kernel filter."""
 
     def __init__(self, pids: list[int], duration: float) -> None:
         # Debug logging: the symbolizer says which files and debug files it used, for failure messages.
@@ -122,7 +122,9 @@ class Recorder:
             argv += ["--pid", str(pid)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.stderr: list[str] = []
-        self.attached = threading.Event()
+        self._expected = len(pids)
+        self._added = 0
+        self.attached = threading.Event()  # every pid is in the kernel filter (a debug log line)
         self._reader = threading.Thread(target=self._read_stderr, daemon=True)
         self._reader.start()
 
@@ -130,8 +132,10 @@ class Recorder:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.stderr.append(line)
-            if "probe attached" in line:
-                self.attached.set()
+            if "adding target" in line:
+                self._added += 1
+                if self._added >= self._expected:
+                    self.attached.set()
 
     def wait_attached(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout

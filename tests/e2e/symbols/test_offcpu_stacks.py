@@ -42,9 +42,6 @@ def test_jit_dlopen_and_stripped_deleted_frames(run: RunProgram, tmp_path: Path)
 
     recorder = Recorder([jit_program.pid, stripped_program.pid], duration=3 * BLOCK_MS / 1000 + 3)
     recorder.wait_attached()
-    # The pipeline thread pushes the pids into the kernel filter right after attaching; no event
-    # tells when, so give it a moment before the measured blocking starts.
-    time.sleep(1.0)
     started = time.monotonic()
     jit_program.command(f"dlopen {plugin}", "symbols_plugin_func")  # after the exporter started
     stripped_program.proc.stdin.write(f"sleep {BLOCK_MS}\n".encode())  # type: ignore[union-attr]

@@ -48,9 +48,7 @@ def shared_object(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = d / "t.s"
     src.write_text(ASM)
     out = d / "t.so"
-    subprocess.run(
-        ["gcc", "-shared", "-nostdlib", "-Wl,--build-id", "-o", str(out), str(src)], check=True, timeout=60
-    )
+    subprocess.run(["gcc", "-shared", "-nostdlib", "-Wl,--build-id", "-o", str(out), str(src)], check=True, timeout=60)
     return out
 
 

@@ -138,17 +138,13 @@ _MAPS_LINE = st.one_of(
         st.sampled_from(["r-xp", "rwxp", "r--p", "x", "", "r-x"]),
         st.integers(-5, 1 << 40),
         st.integers(-5, 1 << 40),
-        st.sampled_from(
-            ["", "[vdso]", "/usr/lib/libfuzz.so", "/missing (deleted)", "[heap]", "/../../etc/x"]
-        ),
+        st.sampled_from(["", "[vdso]", "/usr/lib/libfuzz.so", "/missing (deleted)", "[heap]", "/../../etc/x"]),
     ),
 )
 
 
 @FUZZ_SETTINGS
-@given(
-    lines=st.lists(_MAPS_LINE, max_size=12), probes=st.lists(st.integers(0, 1 << 64), min_size=1, max_size=6)
-)
+@given(lines=st.lists(_MAPS_LINE, max_size=12), probes=st.lists(st.integers(0, 1 << 64), min_size=1, max_size=6))
 def test_garbage_maps(tmp_path: Path, sample_elf: bytes, lines: list[str], probes: list[int]) -> None:
     pid = next(_counter)
     proc = FakeProc(tmp_path / f"proc{pid}")
