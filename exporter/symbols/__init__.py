@@ -32,7 +32,7 @@ from exporter.ratelimit import RateLimitedLog
 from exporter.snapshot import Frame, FrameKind
 from exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS, debug_file_candidates, file_crc32
 from exporter.symbols.demangle import demangle
-from exporter.symbols.elf import ElfFormatError, ElfInfo, SymbolTable, read_elf
+from exporter.symbols.elf import ElfFormatError, ElfInfo, SymbolTable, read_elf, read_minidebuginfo
 from exporter.symbols.kernel import KernelSymbols
 from exporter.symbols.maps import Mapping, ProcessMaps, parse_maps
 from exporter.symbols.perfmap import PerfMap
@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 UNKNOWN = Frame("[unknown]", FrameKind.PLACEHOLDER)
 JIT_MODULE = "[jit]"
 VDSO = "[vdso]"
+MINIDEBUGINFO = "[.gnu_debugdata]"  # _SymbolFile.debug_file when the symbols came from MiniDebugInfo
 _PID_CACHE_LIMIT = 1 << 16  # resolved frames kept per process (cleared when the maps change)
 _NAME_CACHE_LIMIT = 1 << 16  # names kept per file
 _VDSO_MAX = 1 << 20
@@ -361,12 +362,18 @@ class Symbolizer:
                     symtab, debug_file = debug.symtab, path
                     log.debug("symbols of %s from %s (%s)", binary_path, path, how)
                     break
+            else:
+                mini = read_minidebuginfo(info)
+                if mini is not None and mini.entries:
+                    symtab, debug_file = mini, MINIDEBUGINFO
+                    log.debug("symbols of %s from its .gnu_debugdata", binary_path)
         if not debug_file and (symtab is None or not symtab.entries):
             log.debug(
                 "no .symtab and no debug file for %s (build id %s): .dynsym only", binary_path, info.build_id or "none"
             )
         table = SymbolTable.build([symtab, info.dynsym])
         info.symtab = info.dynsym = None  # the table holds what is needed
+        info.gnu_debugdata = b""
         return _SymbolFile(info, table, debug_file)
 
     def _vdso(self, proc: _Process, mapping: Mapping) -> _SymbolFile | None:

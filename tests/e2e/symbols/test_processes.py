@@ -370,3 +370,38 @@ def test_perf_map_inside_the_process_root_and_pid_namespace(
     frames = Symbolizer().user(pid, [jit + 1, program.addresses["symbols_alpha"]])
     assert names(frames) == ["jit_nanosleep_stub", "symbols_alpha"]
     assert frames[0].kind is FrameKind.JIT
+
+
+def test_minidebuginfo(binaries: dict[str, Path], run: RunProgram, tmp_path: Path) -> None:
+    """Fedora/RHEL keep the local function symbols of stripped binaries as an xz-compressed ELF in
+    .gnu_debugdata (built here as their find-debuginfo does)."""
+    import lzma
+
+    need("objcopy")
+    binary = binaries["pie"]
+    with open(binary, "rb") as f:
+        elf = ELFFile(f)
+        dynamic = {s.name for s in elf.get_section_by_name(".dynsym").iter_symbols()}
+        functions = {
+            s.name
+            for s in elf.get_section_by_name(".symtab").iter_symbols()
+            if s["st_info"]["type"] == "STT_FUNC" and s["st_shndx"] != "SHN_UNDEF"
+        }
+    keep = tmp_path / "keep_symbols"
+    keep.write_text("\n".join(sorted(functions - dynamic)) + "\n")
+    debug = tmp_path / "debug"
+    mini = tmp_path / "mini_debuginfo"
+    stripped = tmp_path / "target-mini"
+    subprocess.run(["objcopy", "--only-keep-debug", str(binary), str(debug)], check=True, timeout=60)
+    subprocess.run(["objcopy", "-S", "--remove-section", ".comment", f"--keep-symbols={keep}", str(debug), str(mini)],
+                   check=True, timeout=60)  # fmt: skip
+    (tmp_path / "mini.xz").write_bytes(lzma.compress(mini.read_bytes()))
+    subprocess.run(["objcopy", "--strip-all", str(binary), str(stripped)], check=True, timeout=60)
+    subprocess.run(["objcopy", f"--add-section=.gnu_debugdata={tmp_path / 'mini.xz'}", str(stripped)], check=True,
+                   timeout=60)  # fmt: skip
+    with open(stripped, "rb") as f:
+        assert ELFFile(f).get_section_by_name(".symtab") is None
+    program = run(stripped)
+    sym = Symbolizer(debug_dirs=[str(tmp_path / "nothing-here")])
+    frames = sym.user(program.pid, [program.addresses["symbols_static_beta"], program.addresses["symbols_alpha"]])
+    assert names(frames) == ["symbols_static_beta", "symbols_alpha"]
