@@ -48,7 +48,7 @@ class KernelSymbols:
     @property
     def hidden(self) -> bool:
         """True when kallsyms showed only zero addresses (kptr_restrict)."""
-        return self._loaded and not self._starts and self._hidden_reported
+        return self._hidden_reported and not self._starts
 
     def __len__(self) -> int:
         self._ensure_current()

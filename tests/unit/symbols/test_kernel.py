@@ -79,6 +79,7 @@ def test_kptr_restrict_zero_addresses(tmp_path: Path, caplog: pytest.LogCaptureF
             assert frames[0].name == "[unknown]"
     messages = [r.getMessage() for r in caplog.records if "kptr_restrict" in r.getMessage()]
     assert len(messages) == 1  # said once, clearly
+    assert sym._kernel.hidden
     assert sym.failures == 3
 
 
