@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.formats.folded import parse_folded
+from exporter.formats import folded
 
 SOURCES = Path(__file__).parent
 READY = "ready"
@@ -162,7 +162,11 @@ class Recorder:
         self.proc.stdout.close()
         self._reader.join(5)
         assert self.proc.returncode == 0, "".join(self.stderr[-20:])
-        return parse_folded(out)
+        stacks: dict[str, int] = {}
+        for frames, us in folded.parse(out):
+            key = ";".join(frames)
+            stacks[key] = stacks.get(key, 0) + us
+        return stacks
 
 
 def off_cpu_us(folded: dict[str, int], comm: str, user_leaf: str) -> int:
