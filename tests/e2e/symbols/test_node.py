@@ -22,6 +22,8 @@ from tests.e2e.symbols.programs import Program, Recorder
 pytestmark = pytest.mark.kernel
 HERE = Path(__file__).parent
 RunProgram = Callable[..., Program]
+# The scripts run until killed at the end of the test (300 s at most): attaching the probe can take
+# half a minute on a loaded machine.
 
 
 def node() -> str:
@@ -52,7 +54,7 @@ def test_preempted_js_frames_are_named(run: RunProgram, tmp_path: Path) -> None:
         "--perf-basic-prof",
         "--interpreted-frames-native-stack",
         str(HERE / "node_spin.js"),
-        "20000",
+        "300000",
         cwd=tmp_path,
     )  # cwd: V8 writes isolate-*.log files there
     # One busy loop on the same CPU: node is preempted (runnable) about half of the time.
@@ -80,7 +82,7 @@ def test_preempted_js_frames_are_named(run: RunProgram, tmp_path: Path) -> None:
 
 
 def test_blocking_in_libc_stops_the_stack_there(run: RunProgram, tmp_path: Path) -> None:
-    program = run(node(), "--perf-basic-prof", str(HERE / "node_block.js"), "20000", cwd=tmp_path)
+    program = run(node(), "--perf-basic-prof", str(HERE / "node_block.js"), "300000", cwd=tmp_path)
     recorder = Recorder([program.pid], duration=2.5)
     recorder.wait_attached()
     folded = recorder.result()
