@@ -2,7 +2,8 @@
 
 Ground truths: each workload thread times its own blocking system calls (CLOCK_MONOTONIC around
 each call, minus its own CPU time inside the call: the off-CPU part, which matters where system
-calls are slow, as under the kernel matrix's emulation) and reads its schedstat at start and end. The probe's figures must match
+calls are slow, as under the kernel matrix's emulation) and reads its schedstat at start and end.
+The probe's figures must match
 those within the issue's tolerances: 5% for time, 2% for counts, 3% for on-CPU + off-CPU = wall.
 The attach mode is OFFCPU_ATTACH (the kernel matrix runs this file in kprobe and tracepoint mode).
 """
@@ -36,7 +37,8 @@ def _kernel_names(samples):  # type: ignore[no-untyped-def]
 
 
 def test_sleeping_thread_time_count_and_frames(probe: Probe) -> None:
-    with Workload("sleep", threads=1, iterations=50, interval_ms=20) as w, running_pipeline(pids=(w.pid,), probe=probe) as p:
+    with (Workload("sleep", threads=1, iterations=50, interval_ms=20) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
@@ -74,7 +76,8 @@ def test_perf_event_tracepoint_variant() -> None:
 
 
 def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe) -> None:
-    with Workload("mutex", threads=3, iterations=20, interval_ms=5) as w, running_pipeline(pids=(w.pid,), probe=probe) as p:
+    with (Workload("mutex", threads=3, iterations=20, interval_ms=5) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
@@ -88,7 +91,8 @@ def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe) -> None:
 
 @pytest.mark.parametrize("readers", [1, 2])
 def test_pipe_reader_blocks_in_pipe_read(readers: int, probe: Probe) -> None:
-    with Workload("pipe", threads=readers, iterations=40, interval_ms=10) as w, running_pipeline(pids=(w.pid,), probe=probe) as p:
+    with (Workload("pipe", threads=readers, iterations=40, interval_ms=10) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
@@ -109,7 +113,8 @@ def test_pipe_reader_blocks_in_pipe_read(readers: int, probe: Probe) -> None:
 
 
 def test_mutex_waiters_block_in_futex_wait(probe: Probe) -> None:
-    with Workload("mutex", threads=3, iterations=20, interval_ms=5) as w, running_pipeline(pids=(w.pid,), probe=probe) as p:
+    with (Workload("mutex", threads=3, iterations=20, interval_ms=5) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
@@ -191,7 +196,8 @@ def test_process_matched_by_comm_after_start_and_increases_add_up(probe: Probe) 
 def test_switch_counts_match_schedstat(probe: Probe) -> None:
     """Every time a thread ran again after leaving the CPU, the probe saw one switch: the kernel's
     own count of a thread's runs (schedstat field 3) is the ground truth, immune to CPU load."""
-    with Workload("mutex", threads=3, iterations=20, interval_ms=5) as w, running_pipeline(pids=(w.pid,), probe=probe) as p:
+    with (Workload("mutex", threads=3, iterations=20, interval_ms=5) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
@@ -203,7 +209,8 @@ def test_switch_counts_match_schedstat(probe: Probe) -> None:
 
 
 def test_block_duration_histogram(probe: Probe) -> None:
-    with Workload("sleep", threads=1, iterations=30, interval_ms=20) as w, running_pipeline(pids=(w.pid,), probe=probe) as p:
+    with (Workload("sleep", threads=1, iterations=30, interval_ms=20) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
