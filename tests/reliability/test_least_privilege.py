@@ -97,3 +97,17 @@ def test_exporter_never_runs_programs() -> None:
     # The SkyWalking proto generator runs protoc at development time only (not imported at run time).
     found = [f for f in found if "/proto/generate.py" not in f]
     assert not found, found
+
+
+def test_doctor_names_the_capabilities_kept_after_attach() -> None:
+    import io
+
+    from exporter.doctor import run_doctor
+
+    out = io.StringIO()
+    run_doctor(out=out)
+    lines = out.getvalue().splitlines()
+    for kept in kept_after_attach():
+        line = next((x for x in lines if f"] {kept.name}:" in x), None)
+        assert line is not None, lines
+        assert kept.why in line
