@@ -124,6 +124,7 @@ class Aggregator:
 
     def flush(self) -> Snapshot:
         t0 = time.perf_counter()
+        read_at_ns = time.time_ns()  # the snapshot's time: the increases run up to this read
         rows = list(self.probe.read_counts())
         changed: list[tuple[RawKey, tuple[int, int]]] = []
         unchanged: list[RawKey] = []
@@ -153,7 +154,7 @@ class Aggregator:
             self._account(raw, Counter(*inc), increases)
         self._reclaim_stacks()
         expired = self._expire_processes()
-        snapshot = self._snapshot(increases, expired, time.perf_counter() - t0)
+        snapshot = self._snapshot(increases, expired, time.perf_counter() - t0, read_at_ns)
         self._latest = snapshot
         return snapshot
 
@@ -288,10 +289,9 @@ class Aggregator:
     # -- the snapshot ----------------------------------------------------------------------
 
     def _snapshot(self, increases: dict[tuple[ProcessKey, int, Reason, Stack], Counter],
-                  expired: list[ProcessInfo], duration: float) -> Snapshot:
+                  expired: list[ProcessInfo], duration: float, now_ns: int) -> Snapshot:
         self._sequence += 1
         self._flushes += 1
-        now_ns = time.time_ns()
         samples = []
         per_process: dict[ProcessKey, dict[Reason, Counter]] = {}
         for key, total in self._totals.items():

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 from types import ModuleType
+from typing import BinaryIO
 
 from exporter import __version__
 from exporter.config import (
@@ -23,6 +24,7 @@ from exporter.config import (
     positive_float,
     positive_int,
 )
+from exporter.k8s import selection as k8s_selection
 from exporter.logfmt import configure_logging
 
 __all__ = ["main"]
@@ -32,7 +34,9 @@ log = logging.getLogger("exporter")
 # Output modules plugged into `serve` (see exporter/sinks/__init__.py).
 SINK_MODULES: tuple[str, ...] = (
     "exporter.sinks.prometheus",
+    "exporter.sinks.otlp",
     "exporter.sinks.skywalking",
+    "exporter.sinks.pprof",
 )
 
 
@@ -43,6 +47,8 @@ examples:
   offcpu-exporter serve --config /etc/offcpu-exporter.yml
   offcpu-exporter record --pid 1234 --duration 30 --format folded -o out.folded
   offcpu-exporter record --comm myapp --duration 10 --format text
+  offcpu-exporter record --pid 1234 --duration 60 --format html -o offcpu.html
+  offcpu-exporter record --pid 1234 --duration 30 --format pprof -o offcpu.pb.gz
   offcpu-exporter doctor                            what this kernel supports
 """
 
@@ -116,7 +122,7 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
 
     serve = sub.add_parser("serve", help="run until SIGTERM, serving /metrics and pushing to the outputs",
                            epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for add in (_add_common, _add_targets, _add_probe, _add_aggregate):
+    for add in (_add_common, _add_targets, k8s_selection.add_arguments, _add_probe, _add_aggregate):
         add(serve)
     serve.add_argument("--drop-privileges", action="store_true",
                        help="once the probe is attached, keep only the capabilities still needed "
@@ -129,12 +135,14 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
 
     record = sub.add_parser("record", help="profile for a while and write one profile file",
                             epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for add in (_add_common, _add_targets, _add_probe):
+    for add in (_add_common, _add_targets, k8s_selection.add_arguments, _add_probe):
         add(record)
     record.add_argument("--duration", type=positive_float, default=10.0, metavar="SECONDS")
     from exporter.formats import FORMATS
 
-    record.add_argument("--format", choices=sorted(FORMATS), default="folded")
+    record.add_argument("--format", choices=FORMATS, default="folded",
+                        help="pprof (gzip, for go tool pprof), folded (flamegraph.pl), html (an interactive "
+                        "flame graph in one self-contained file) or text (like bcc's offcputime); default folded")
     record.add_argument("-o", "--output", default="-", metavar="FILE", help="default: standard output")
 
     doctor = sub.add_parser("doctor", help="what this kernel supports, and what to do about what it lacks")
@@ -169,6 +177,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             parser.error("--min-block is larger than --max-block")
         if options.all and (options.pid or options.comm or options.cmdline):
             parser.error("--all watches everything: do not combine it with --pid/--comm/--cmdline")
+        if options.all and _extra_selectors(options):
+            parser.error("--all watches everything: do not combine it with --namespace/--pod-label/--container")
         has_target = options.all or options.pid or options.comm or options.cmdline
         if not has_target and not _extra_selectors(options):
             if options.command == "record":
@@ -200,6 +210,7 @@ def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
     from exporter.targets import ProcessTable, TargetRules
 
     own = os.getpid()
+    enrich, predicate = _kubernetes(options)
     probe = Probe(ProbeConfig(
         attach=options.attach,
         per_thread=options.per_thread,
@@ -212,8 +223,8 @@ def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
         stack_storage=options.stack_storage_size,
     ))
     rules = TargetRules(pids=tuple(options.pid), comm=options.comm, cmdline=options.cmdline,
-                        watch_all=options.all, follow_children=options.follow_children)
-    processes = ProcessTable(rules, exclude=(own,))
+                        watch_all=options.all, follow_children=options.follow_children, predicate=predicate)
+    processes = ProcessTable(rules, exclude=(own,), enrich=enrich)
     problems = processes.start()
     if problems and len(problems) == len(rules.pids) and not (rules.scans or rules.watch_all):
         raise StartupError("; ".join(problems))
@@ -225,6 +236,26 @@ def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
                         targets_interval=options.targets_interval,
                         history_seconds=getattr(options, "history", 900.0), exclude=(own,))
     return probe, pipeline
+
+
+def _kubernetes(options: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Pod metadata (started in the background) and the --namespace/--pod-label/--container predicate."""
+    from exporter.k8s import PodMetadata, WorkloadSelector
+    from exporter.targets import kubernetes_enricher, kubernetes_predicate
+
+    if options.kubernetes_metadata == "off":
+        metadata = PodMetadata.disabled()
+    else:
+        metadata = PodMetadata.from_environment(service_account_dir=options.kubernetes_service_account_dir,
+                                                refresh_seconds=options.kubernetes_refresh_interval)
+    selector = WorkloadSelector.from_options(options, metadata)
+    if selector.needs_api and not metadata.enabled:
+        raise StartupError("--namespace, --pod-label and --container NAME need the Kubernetes API (a pod with "
+                           "a service account; see the log); --container also takes a container id")
+    metadata.start()
+    # The first list, so that the processes found at start get their names (bounded: the API may be down).
+    metadata.wait_ready(5.0)
+    return kubernetes_enricher(metadata), kubernetes_predicate(selector)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -308,50 +339,47 @@ def _drop_privileges(options: argparse.Namespace) -> str | None:
 
 
 def cmd_record(options: argparse.Namespace) -> int:
-    from exporter.formats import render, window
+    # Fail before recording, not after, when the output cannot be written.
+    try:
+        output = sys.stdout.buffer if options.output == "-" else open(options.output, "wb")  # noqa: SIM115
+    except OSError as e:
+        raise StartupError(f"cannot write {options.output}: {e.strerror}") from None
+    try:
+        return _record(options, output)
+    finally:
+        if output is not sys.stdout.buffer:
+            output.close()
+
+
+def _record(options: argparse.Namespace, output: BinaryIO) -> int:
     from exporter.probe.loader import ProbeError
+    from exporter.record import Progress, RecordSink, write_profile
 
     stop = _stop_on_signals()
-    options.flush_interval = max(1.0, min(5.0, options.duration))
+    # Every second: the progress line shows fresh counts, and stacks are symbolized while their
+    # processes live (a process that exits before its first flush leaves only addresses).
+    options.flush_interval = min(1.0, options.duration)
     probe, pipeline = build_pipeline(options)
     try:
         probe.start()
     except ProbeError as e:
         log.error("%s", e)
         return 1
+    recorder = RecordSink()
+    pipeline.sinks = [recorder]
     pipeline.start()
     started = time.monotonic()
-    progress = _progress_reporter(options, pipeline, started)
+    progress = Progress(options.duration, recorder.seen)
+    progress.update()
     while not stop.wait(min(1.0, max(0.0, options.duration - (time.monotonic() - started)))):
         if time.monotonic() - started >= options.duration:
             break
-        progress()
-    pipeline.stop()
+        progress.update()
+    pipeline.stop()  # flushes once more: the recorder gets everything counted until now
     probe.close()
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")
-    data = render(options.format, window(None, pipeline.latest()))
-    if options.output == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-    else:
-        with open(options.output, "wb") as f:
-            f.write(data)
+    progress.finish()
+    write_profile(options.format, recorder.profile(f"record {options.duration:g} s"), output)
     return 0
-
-
-def _progress_reporter(options: argparse.Namespace, pipeline, started: float):  # type: ignore[no-untyped-def]
-    if not sys.stderr.isatty():
-        return lambda: None
-
-    def report() -> None:
-        snap = pipeline.latest()
-        left = max(0.0, options.duration - (time.monotonic() - started))
-        sys.stderr.write(f"\rrecording: {left:5.0f} s left, {len(snap.samples)} stacks, "
-                         f"{len(snap.processes)} processes  ")
-        sys.stderr.flush()
-
-    return report
 
 
 def cmd_doctor(options: argparse.Namespace) -> int:

@@ -61,6 +61,14 @@ class Frame:
     module: str = ""
     offset: int = 0
     build_id: str = ""
+    # Frames and stacks are dictionary keys on every flush and in every encoder: hash once.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.name, self.kind, self.module, self.offset, self.build_id)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def module_basename(self) -> str:
@@ -73,6 +81,13 @@ class Stack:
 
     user: tuple[Frame, ...]
     kernel: tuple[Frame, ...]
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.user, self.kernel)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def stack_id(self) -> str:

@@ -14,9 +14,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+from exporter.k8s.cgroup import ContainerIdentity, identify
+from exporter.k8s.metadata import PodMetadata
+from exporter.k8s.selection import WorkloadSelector
 from exporter.snapshot import ProcessInfo, ProcessKey
 
-__all__ = ["ProcessTable", "TargetRules", "parse_stat", "read_process"]
+__all__ = ["ProcessTable", "TargetRules", "kubernetes_enricher", "kubernetes_predicate", "parse_stat",
+           "read_process"]
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +164,11 @@ class ProcessTable:
                 exited.append(self._retire(pid, now))
                 if pid in self._pinned:
                     log.warning("target pid %d exited", pid)
+            elif not entry.info.pod:
+                # Pod names arrive once the pod list has caught up with a new pod, and a process seen
+                # while its runtime was still moving it into the container's cgroup gets its container
+                # (exporter/k8s; cheap when nothing changed).
+                entry.info = self.enrich(entry.info)
         if self.rules.scans:
             for name in os.listdir(self.proc_root):
                 if not name.isdigit() or int(name) in self._by_pid:
@@ -248,3 +257,45 @@ class ProcessTable:
 
     def __len__(self) -> int:
         return len(self.watched_pids())
+
+
+# -- Kubernetes identity (exporter/k8s): fills ProcessInfo's container and pod fields ---------------
+
+
+# A container runtime forks the container's first process and moves it into the container's cgroup
+# a few milliseconds later (runc: `runc init` waits until its parent has applied the cgroup): a process
+# younger than this that is not in a container yet is looked at again.
+SETTLE_SECONDS = 5.0
+
+
+def kubernetes_enricher(metadata: PodMetadata, proc_root: str = "/proc", cache_size: int = 65536,
+                        since_boot: Callable[[], float] | None = None) -> Callable[[ProcessInfo], ProcessInfo]:
+    """ProcessTable's `enrich`: container id and pod UID from /proc/PID/cgroup (read once per process
+    identity, since every scan passes every unmatched process through here), names from the API."""
+    identities: dict[ProcessKey, ContainerIdentity] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    boot_clock = since_boot or (lambda: time.clock_gettime(time.CLOCK_BOOTTIME))
+
+    def enrich(info: ProcessInfo) -> ProcessInfo:
+        identity = identities.get(info.key)
+        if identity is None:
+            identity = identify(info.pid, proc_root)
+            settled = identity or boot_clock() - info.key.start_ticks / ticks >= SETTLE_SECONDS
+            if settled:
+                if len(identities) >= cache_size:
+                    identities.clear()
+                identities[info.key] = identity
+        if not identity:
+            return info
+        names = metadata.lookup(identity.container_id, identity.pod_uid)
+        return replace(info, container_id=identity.container_id, pod_uid=identity.pod_uid,
+                       namespace=names.namespace, pod=names.pod, container=names.container)
+
+    return enrich
+
+
+def kubernetes_predicate(selector: WorkloadSelector) -> Callable[[ProcessInfo], bool] | None:
+    """TargetRules' `predicate` for --namespace/--pod-label/--container (None when none was given)."""
+    if not selector.active:
+        return None
+    return lambda info: selector.matches(ContainerIdentity(info.container_id, info.pod_uid))

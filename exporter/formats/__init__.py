@@ -1,66 +1,32 @@
-"""Profile formats for people and their tools, rendered from the samples of a time window.
+"""Pure encoders of off-CPU profiles for people and their tools: pprof, folded stacks, a text
+report like bcc's offcputime and a self-contained HTML flame graph.
 
-`window(before, after)` turns two snapshots into the per-stack values between them (cumulative
-totals subtracted); `render(fmt, profile)` encodes them. Encoders are pure: no I/O.
+Every encoder takes a `Profile` (off-CPU time per stack over one interval, built from snapshots
+by `Profile.between(before, after)` or `Profile.over(snapshots)`) and returns bytes; none does
+I/O. `render(fmt, profile)` picks one by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
+from collections.abc import Callable
 
-from exporter.snapshot import ZERO, Counter, ProcessInfo, ProcessKey, Snapshot, StackSample
+from exporter.formats import flamegraph, folded, pprof, text
+from exporter.formats.profile import Accumulator, Profile, ProfileFilter, ProfileSample
 
-__all__ = ["FORMATS", "Profile", "render", "window"]
+__all__ = ["FORMATS", "Accumulator", "Profile", "ProfileFilter", "ProfileSample", "render"]
 
-
-@dataclass(frozen=True)
-class Profile:
-    start_ns: int
-    end_ns: int
-    processes: Mapping[ProcessKey, ProcessInfo]
-    rows: tuple[tuple[StackSample, Counter], ...]  # each sample with its value in the window
-
-    @property
-    def total(self) -> Counter:
-        return sum((v for _, v in self.rows), ZERO)
-
-
-def window(before: Snapshot | None, after: Snapshot) -> Profile:
-    """The samples of `after` with their growth since `before` (all of it when before is None)."""
-    base: dict[tuple[object, ...], Counter] = {}
-    if before is not None:
-        for s in before.samples:
-            base[(s.process, s.tid, s.reason, s.stack)] = s.total
-    rows = []
-    for s in after.samples:
-        value = s.total - base.get((s.process, s.tid, s.reason, s.stack), ZERO)
-        if value.count > 0 or value.ns > 0:
-            rows.append((s, value))
-    start = before.time_ns if before is not None else after.start_time_ns
-    return Profile(start, after.time_ns, MappingProxyType({k: v.info for k, v in after.processes.items()}),
-                   tuple(rows))
-
-
-def _folded(profile: Profile) -> bytes:
-    from exporter.formats.folded import render_folded
-
-    return render_folded(profile).encode()
-
-
-def _text(profile: Profile) -> bytes:
-    from exporter.formats.text import render_text
-
-    return render_text(profile).encode()
-
-
-FORMATS: dict[str, Callable[[Profile], bytes]] = {"folded": _folded, "text": _text}
+_ENCODERS: dict[str, Callable[[Profile], bytes]] = {
+    "pprof": pprof.encode,
+    "folded": folded.encode,
+    "html": flamegraph.encode,
+    "text": text.encode,
+}
+FORMATS: tuple[str, ...] = tuple(_ENCODERS)
 
 
 def render(fmt: str, profile: Profile) -> bytes:
-    try:
-        encoder = FORMATS[fmt]
-    except KeyError:
-        raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(sorted(FORMATS))}") from None
+    """The profile in format `fmt` (one of FORMATS); ValueError for an unknown format."""
+    encoder = _ENCODERS.get(fmt)
+    if encoder is None:
+        raise ValueError(f"unknown profile format {fmt!r} (choose from {', '.join(FORMATS)})")
     return encoder(profile)

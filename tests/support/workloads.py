@@ -40,6 +40,7 @@ class ThreadResult:
     function: str
     blocked_ns: int
     calls: int
+    blocks: int  # calls that had to wait: each left the CPU once (a pipe byte already there does not)
     wall_ns: int
     oncpu_ns: int
     runq_ns: int

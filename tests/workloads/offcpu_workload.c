@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -44,6 +45,7 @@ struct thread_result {
 	const char *function;
 	uint64_t blocked_ns;  /* time inside the blocking system calls */
 	uint64_t calls;       /* number of blocking calls that returned */
+	uint64_t blocks;      /* of those, the ones that had to wait (so left the CPU once) */
 	uint64_t start_ns, end_ns;
 	uint64_t oncpu_start_ns, oncpu_end_ns; /* /proc/self/task/TID/schedstat field 1 */
 	uint64_t runq_start_ns, runq_end_ns;   /* field 2: run-queue wait */
@@ -115,13 +117,14 @@ __attribute__((noinline)) long offcpu_pipe_read(int fd, char *buf, long len)
 	return ret;
 }
 
-__attribute__((noinline)) void offcpu_lock_wait(atomic_int *word)
+__attribute__((noinline)) long offcpu_lock_wait(atomic_int *word)
 {
 	long ret;
 	register long r10 __asm__("r10") = 0;
 	__asm__ volatile("syscall" : "=a"(ret)
 			 : "a"(SYS_futex), "D"(word), "S"(FUTEX_WAIT_PRIVATE), "d"(2), "r"(r10)
 			 : "rcx", "r11", "memory");
+	return ret;
 }
 
 __attribute__((noinline)) void offcpu_child_sleep(int ms)
@@ -138,9 +141,11 @@ static void lock_acquire(struct thread_result *r)
 		c = atomic_exchange(&lock_word, 2);
 	while (c != 0) {
 		uint64_t t0 = now_ns();
-		offcpu_lock_wait(&lock_word);
+		long ret = offcpu_lock_wait(&lock_word);
 		r->blocked_ns += now_ns() - t0;
 		r->calls++;
+		if (ret != -EAGAIN) /* EAGAIN: the word changed before the call; it never slept */
+			r->blocks++;
 		c = atomic_exchange(&lock_word, 2);
 	}
 }
@@ -171,6 +176,7 @@ static void count_block(struct thread_result *r, uint64_t ns)
 	r->hist[slot > 26 ? 26 : slot]++;
 	r->blocked_ns += ns;
 	r->calls++;
+	r->blocks++;
 }
 
 __attribute__((noinline)) void sleep_worker(struct thread_result *r)
@@ -186,6 +192,10 @@ __attribute__((noinline)) void pipe_worker(struct thread_result *r)
 {
 	char c;
 	for (;;) {
+		int ready = 0;
+		ioctl(pipe_fds[0], FIONREAD, &ready); /* a byte already there: this read will not wait */
+		if (ready == 0)
+			r->blocks++;
 		uint64_t t0 = now_ns();
 		long n = offcpu_pipe_read(pipe_fds[0], &c, 1);
 		r->blocked_ns += now_ns() - t0;
@@ -247,6 +257,7 @@ static void run_children(void)
 		int status;
 		waitpid(pid, &status, 0);
 		r->calls++;
+		r->blocks++;
 		r->blocked_ns += blocked[i];
 	}
 	r->end_ns = now_ns();
@@ -324,9 +335,10 @@ int main(int argc, char **argv)
 		for (int h = 0; h < 27; h++)
 			printf("%s%llu", h ? ", " : "", (unsigned long long)r->hist[h]);
 		printf("], \"tid\": %ld, \"function\": \"%s\", \"blocked_ns\": %llu, \"calls\": %llu, "
+		       "\"blocks\": %llu, "
 		       "\"wall_ns\": %llu, \"oncpu_ns\": %llu, \"runq_ns\": %llu, \"switches\": %llu}",
 		       r->tid, r->function, (unsigned long long)r->blocked_ns,
-		       (unsigned long long)r->calls, (unsigned long long)(r->end_ns - r->start_ns),
+		       (unsigned long long)r->calls, (unsigned long long)r->blocks, (unsigned long long)(r->end_ns - r->start_ns),
 		       (unsigned long long)(r->oncpu_end_ns - r->oncpu_start_ns),
 		       (unsigned long long)(r->runq_end_ns - r->runq_start_ns),
 		       (unsigned long long)(r->slices_end - r->slices_start));

@@ -1,0 +1,33 @@
+# offcpu-exporter: the image the Helm chart (helm/offcpu-exporter) runs on every node.
+#   docker build -t offcpu-exporter:0.1.0 .
+# bcc compiles the probe at start against the node's kernel headers, which the chart mounts read-only
+# from the host (/lib/modules, /usr/src); the image carries bcc and clang's runtime, not headers.
+FROM debian:12-slim
+
+ARG DEBIAN_FRONTEND=noninteractive
+# Debian's bcc (python3-bpfcc, libbpfcc): PyPI's "bcc" is an unrelated package.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-bpfcc libbpfcc ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /opt/offcpu-exporter
+COPY pyproject.toml README.md ./
+COPY exporter/ exporter/
+# The BPF C sources are compiled at start; the loader finds them beside the package (bpf/).
+COPY bpf/ bpf/
+COPY dashboards/ dashboards/
+
+# A virtualenv on the system interpreter that sees Debian's bcc module; the k8s extra brings the
+# Kubernetes client for pod names. Editable, so that the package and bpf/ stay side by side.
+RUN python3 -m venv --system-site-packages /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir -e '/opt/offcpu-exporter[k8s]' \
+ && /opt/venv/bin/python -c 'import bcc, exporter.cli'
+
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# Root in the container, but with only the capabilities the chart grants (see docs/kubernetes.md).
+USER 0
+EXPOSE 9961
+ENTRYPOINT ["offcpu-exporter"]
+CMD ["serve"]

@@ -1,0 +1,72 @@
+"""Every metric the dashboard queries is one of the exporter's fixed metric names."""
+
+from __future__ import annotations
+
+from tests.support.grafana_dashboard import FIXED_METRICS, base_name, load, metric_names, queries
+
+
+def test_every_metric_is_a_fixed_name() -> None:
+    dashboard = load()
+    found = set()
+    for query in queries(dashboard):
+        names = metric_names(query.expr)
+        assert names, f"{query.where}: no metric in {query.expr!r}"
+        unknown = {n for n in names if base_name(n) not in FIXED_METRICS}
+        assert not unknown, f"{query.where}: unknown metric(s) {sorted(unknown)} in {query.expr!r}"
+        found |= {base_name(n) for n in names}
+    # The panels the dashboard promises are there: per-process, per-stack, histogram and health metrics.
+    assert {"offcpu_seconds_total", "offcpu_switches_total", "offcpu_stack_seconds_total",
+            "offcpu_block_duration_seconds", "offcpu_exporter_probe_attached",
+            "offcpu_exporter_lost_stacks_total", "offcpu_exporter_map_entries", "offcpu_exporter_map_capacity",
+            "offcpu_exporter_dropped_seconds_total", "offcpu_exporter_last_flush_duration_seconds"} <= found
+
+
+def test_metric_name_extraction() -> None:
+    expr = ('sum by (pid, comm) (rate(offcpu_seconds_total{comm=~"a|b", reason="sleeping"}[$__rate_interval]))'
+            ' / on (instance) group_left(map) max(offcpu_exporter_map_capacity) or vector(0)')
+    assert metric_names(expr) == {"offcpu_seconds_total", "offcpu_exporter_map_capacity"}
+    assert metric_names("histogram_quantile(0.9, sum by (le) (rate(x_bucket[5m])))") == {"x_bucket"}
+    assert metric_names("bogus_metric") == {"bogus_metric"}
+
+
+def test_variables_cover_instance_namespace_pod_process_and_datasources() -> None:
+    variables = {v["name"]: v for v in load()["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert variables["pyroscope"]["query"] == "grafana-pyroscope-datasource"
+    assert {"instance", "namespace", "pod", "comm", "pid", "stack_id"} <= set(variables)
+    for panel in load()["panels"]:
+        if panel["type"] not in ("row", "flamegraph"):
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_every_metric_is_declared_by_the_prometheus_sink() -> None:
+    # The sink's collector (exporter/sinks/prometheus) declares its families up front (describe()):
+    # the dashboard's metrics are among them, with the exposition's names (_total on counters).
+    from exporter.sinks.prometheus.collector import OffCPUCollector
+    from exporter.sinks.prometheus.selection import Selection
+    from exporter.snapshot import Snapshot
+
+    collector = OffCPUCollector(lambda: Snapshot.empty(), lambda: [], Selection(), bcc="x")
+    exposed = {m.name + ("_total" if m.type == "counter" else "") for m in collector.describe()}
+    used = {base_name(n) for q in queries(load()) for n in metric_names(q.expr)}
+    assert used <= exposed, sorted(used - exposed)
+    # And the sink exports exactly the names fixed for every output.
+    assert exposed == FIXED_METRICS
+
+
+def test_layout_has_no_overlapping_panels() -> None:
+    # Grafana pushes overlapping panels down on load, silently changing the layout; keep it exact.
+    # (Panels of a collapsed row take their place only when it is expanded: checked on their own.)
+    dashboard = load()
+    groups = [list(dashboard["panels"])] + [p["panels"] for p in dashboard["panels"] if p.get("panels")]
+    for group in groups:
+        cells: dict[tuple[int, int], str] = {}
+        for panel in group:
+            g = panel["gridPos"]
+            assert g["x"] >= 0 and g["w"] > 0 and g["x"] + g["w"] <= 24, panel["title"]
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[(x, y)]!r}"
+                    cells[(x, y)] = panel["title"]
+    ids = [p["id"] for group in groups for p in group]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"

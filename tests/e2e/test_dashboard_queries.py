@@ -1,0 +1,174 @@
+"""Every PromQL expression of the Grafana dashboard, evaluated by a real Prometheus server (Debian's
+package) that scraped a real `offcpu-exporter serve` watching workloads, returns data.
+
+The dashboard variables are resolved the way Grafana does: each label_values() variable is asked of
+Prometheus in order (instance, namespace, pod, comm, pid, stack_id), multi-value "All" becomes the
+regex of the values (or the variable's allValue), and $__rate_interval / $__range become windows.
+One workload runs in a kubelet-shaped cgroup of a pod that a fake Kubernetes API (TLS, token) knows,
+so the namespace/pod variables and labels are real too; the others are plain host processes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.error
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.prometheus_server import PrometheusServer, scrape_config
+from tests.support.exporter import ExporterProcess
+from tests.support.grafana_dashboard import base_name, load, metric_names, queries, substitute
+from tests.support.kubernetes_api import NODE, FakeApi, pod
+from tests.support.workloads import Workload
+
+pytestmark = pytest.mark.kernel
+
+RATE_INTERVAL = "10s"
+VARIABLE_ORDER = ("instance", "namespace", "pod", "comm", "pid", "stack_id")
+POD_UID = str(uuid.uuid4())
+CONTAINER_ID = uuid.uuid4().hex + uuid.uuid4().hex
+
+
+def _cgroup2_root() -> Path:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _dev, where, kind, *_ = line.split()
+        if kind == "cgroup2":
+            return Path(where)
+    pytest.fail("no cgroup2 mount")
+
+
+@pytest.fixture
+def pod_cgroup() -> Iterator[Path]:
+    root = _cgroup2_root()
+    top = root / f"kubepods-dash-{uuid.uuid4().hex[:8]}.slice"
+    group = top / f"kubepods-pod{POD_UID.replace('-', '_')}.slice" / f"cri-containerd-{CONTAINER_ID}.scope"
+    group.mkdir(parents=True)
+    yield group
+    for path in (group, group.parent, top):
+        for pid in (path / "cgroup.procs").read_text().split():
+            (root / "cgroup.procs").write_text(pid)
+        path.rmdir()
+
+
+def api(prom: PrometheusServer, path: str, **params: str) -> Any:
+    """prom.api, with Prometheus' own error message (a bad expression is a 400 with a JSON body)."""
+    try:
+        return prom.api(path, **params)
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{path} {params}: {e.code} {e.read().decode(errors='replace')}") from None
+
+
+def grafana_regex_escape(value: str) -> str:
+    # What Grafana's Prometheus datasource does to each value of a multi-value variable: regex-escape
+    # with a doubled backslash, since the regex sits in a PromQL string literal.
+    return re.sub(r"[$^*{}\[\]'+?.()|\\]", lambda m: "\\\\" + m[0], value)
+
+
+def label_values(prom: PrometheusServer, selector: str, label: str, start: float, end: float) -> list[str]:
+    data = api(prom, f"/api/v1/label/{label}/values", **{"match[]": selector, "start": f"{start:.3f}",
+                                                       "end": f"{end:.3f}"})
+    return sorted(v for v in data if v)
+
+
+def resolve_variables(dashboard: Mapping[str, Any], prom: PrometheusServer, start: float, end: float,
+                      chosen: Mapping[str, list[str]]) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Values as Grafana would substitute them, and each variable's options (as Prometheus listed them)."""
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    values: dict[str, str] = {}
+    options: dict[str, list[str]] = {}
+    for name in VARIABLE_ORDER:
+        var = variables[name]
+        m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", var["query"]["query"])
+        assert m, var["query"]
+        found = label_values(prom, substitute(m[1], values, RATE_INTERVAL, "1m"), m[2], start, end)
+        options[name] = found
+        picked = chosen.get(name)
+        if picked is not None:
+            assert set(picked) <= set(found), (name, picked, found)
+            values[name] = "(" + "|".join(grafana_regex_escape(v) for v in picked) + ")"
+        elif var.get("includeAll"):
+            values[name] = var.get("allValue") or "(" + "|".join(grafana_regex_escape(v) for v in found) + ")"
+        else:
+            assert found, f"variable {name} has no values"
+            values[name] = found[0]
+    return values, options
+
+
+def evaluate_panels(dashboard: Mapping[str, Any], prom: PrometheusServer, values: Mapping[str, str],
+                    at: float, range_s: int) -> dict[str, list[dict[str, Any]]]:
+    results = {}
+    for q in queries(dashboard):
+        if q.is_variable:
+            continue
+        expr = substitute(q.expr, values, RATE_INTERVAL, f"{range_s}s")
+        if q.instant:
+            data = api(prom, "/api/v1/query", query=expr, time=f"{at:.3f}")
+        else:
+            data = api(prom, "/api/v1/query_range", query=expr, start=f"{at - 20:.3f}", end=f"{at:.3f}", step="2")
+        results[q.where] = data["result"]
+    return results
+
+
+def test_every_dashboard_query_returns_data(tmp_path: Path, pod_cgroup: Path) -> None:
+    dashboard = load()
+    api = FakeApi(tmp_path, [pod(POD_UID, "shop", "web-0", {CONTAINER_ID: "app"}, labels={"app": "web"})])
+    try:
+        with Workload("sleep", threads=2, iterations=1500, interval_ms=10) as web, \
+                Workload("pipe", iterations=3000, interval_ms=5) as piper, \
+                Workload("mutex", threads=2, iterations=3000, interval_ms=5) as locker:
+            (pod_cgroup / "cgroup.procs").write_text(str(web.pid))
+            args = ["--pid", str(web.pid), "--pid", str(piper.pid), "--pid", str(locker.pid),
+                    "--flush-interval", "0.5", "--kubernetes-service-account-dir", str(api.service_account)]
+            with ExporterProcess(args, env=api.environ) as exporter:
+                prom = PrometheusServer(tmp_path, scrape_config("offcpu", f"127.0.0.1:{exporter.port}"))
+                try:
+                    prom.wait_target_up()
+                    for w in (web, piper, locker):
+                        w.go()
+                    started = time.time()
+                    time.sleep(14)
+                    at = time.time()
+                    everything, options = resolve_variables(dashboard, prom, started - 30, at, {})
+                    results = evaluate_panels(dashboard, prom, everything, at, int(at - started) + 5)
+                    # Narrowed to the pod's namespace: only the pod's process is left.
+                    shop, shop_options = resolve_variables(dashboard, prom, started - 30, at, {"namespace": ["shop"]})
+                    shop_results = evaluate_panels(dashboard, prom, shop, at, int(at - started) + 5)
+                    scrape = exporter.get("/metrics").decode()
+                finally:
+                    prom.stop()
+    finally:
+        api.close()
+
+    empty = [where for where, result in results.items() if not result]
+    assert not empty, f"panels without data: {empty}"
+    assert len(results) >= 20
+    # The variables list what runs: the three workloads, their stacks, and the pod's names from the API.
+    assert {str(web.pid), str(piper.pid), str(locker.pid)} <= set(options["pid"])
+    assert options["namespace"] == ["shop"] and options["pod"] == ["web-0"]
+    assert options["stack_id"] and options["instance"] == [f"127.0.0.1:{exporter.port}"]
+    assert shop_options["pid"] == [str(web.pid)]
+    by_process = shop_results["Off-CPU time by process / A"]
+    assert [r["metric"]["pid"] for r in by_process] == [str(web.pid)]
+    assert by_process[0]["metric"]["namespace"] == "shop" and by_process[0]["metric"]["pod"] == "web-0"
+    # A figure, not only data: the pod's two threads sleep nearly all the time, so the "blocked threads"
+    # stat shows about 2 (Prometheus' rate() over the last 10 s of a 14 s run).
+    blocked = float(shop_results["Blocked threads (average) / A"][0]["values"][-1][1])
+    print(f"blocked threads of the pod's process: {blocked:.3f}")
+    assert blocked == pytest.approx(2.0, rel=0.10)
+    # The pod's process has a container label from containerStatuses too.
+    assert 'container="app"' in scrape and 'pod="web-0"' in scrape
+    # Every metric the dashboard uses is in the real exposition: with samples, or (lost stacks, before any
+    # was lost) declared by its TYPE line.
+    sampled = {base_name(line.split("{", 1)[0].split(" ", 1)[0]) for line in scrape.splitlines()
+               if line and not line.startswith("#")}
+    declared = {line.split()[2] for line in scrape.splitlines() if line.startswith("# TYPE ")}
+    used = {base_name(n) for q in queries(dashboard) for n in metric_names(q.expr)}
+    assert not used - declared, f"dashboard metrics the exporter does not declare: {sorted(used - declared)}"
+    assert used - sampled <= {"offcpu_exporter_lost_stacks_total"}, sorted(used - sampled)
+    # The exporter listed only this node's pods.
+    assert any(r["query"].get("fieldSelector") == [f"spec.nodeName={NODE}"] for r in api.requests)

@@ -1,0 +1,33 @@
+"""Building the OTLP sink from command-line arguments the way the CLI does, for tests."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+
+from exporter.sinks import SinkContext
+from exporter.sinks.otlp import OtlpSink
+from exporter.sinks.otlp.options import OtlpConfig, add_arguments, resolve
+from exporter.snapshot import Snapshot
+from exporter.web import Routes
+
+__all__ = ["config_from_args", "context_of", "sink_from_args"]
+
+
+def config_from_args(args: Sequence[str], environ: Mapping[str, str] | None = None) -> OtlpConfig | None:
+    env = environ or {}
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser, env)
+    return resolve(parser.parse_args(list(args)), env)
+
+
+def context_of(latest: Callable[[], Snapshot]) -> SinkContext:
+    return SinkContext(latest=latest, flush_now=lambda timeout: latest(), routes=Routes())
+
+
+def sink_from_args(
+    args: Sequence[str], latest: Callable[[], Snapshot] | None = None, host_name: str = "test-host"
+) -> OtlpSink:
+    config = config_from_args(args)
+    assert config is not None, "sink is off"
+    return OtlpSink(config, context_of(latest or (lambda: Snapshot.empty())), host_name=host_name)

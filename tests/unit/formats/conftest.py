@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+import pytest
+
+from exporter.snapshot import Snapshot
+from tests.unit.formats.synthetic import make_after, make_before
+
+
+@pytest.fixture
+def before() -> Snapshot:
+    return make_before()
+
+
+@pytest.fixture
+def after() -> Snapshot:
+    return make_after()
