@@ -15,6 +15,9 @@ from tests.e2e.prometheus_server import PrometheusServer, scrape_config
 from tests.e2e.test_skywalking_e2e import sleep_totals
 from tests.reliability.metrics import total
 from tests.support.exporter import ExporterProcess, free_port
+from tests.support.otlp_metrics import points
+from tests.support.otlp_profiles import decode
+from tests.support.otlp_receivers import GrpcReceiver
 from tests.support.workloads import Workload
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
@@ -22,24 +25,45 @@ pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
 
 def test_sigterm_flushes_pending_data_to_every_output(tmp_path: Path) -> None:
     path = tmp_path / "offcpu.swpb"
-    with Workload("sleep", iterations=40, interval_ms=20) as w:
-        exp = ExporterProcess(["--pid", str(w.pid), "--flush-interval", "60", "--skywalking-file", str(path)])
+    receiver = GrpcReceiver()
+    with receiver, Workload("sleep", iterations=40, interval_ms=20) as w:
+        exp = ExporterProcess(["--pid", str(w.pid), "--flush-interval", "60", "--skywalking-file", str(path),
+                               "--otlp-endpoint", receiver.endpoint, "--otlp-protocol", "grpc",
+                               "--otlp-interval", "60"])
         with exp:
             time.sleep(0.5)  # the target reaches the kernel filter
             w.go()
             result = w.wait()
             time.sleep(0.2)
-            assert not path.exists() or path.stat().st_size == 0  # nothing flushed yet: all pending
+            # Nothing delivered yet: everything is pending (the kernel's counters only).
+            assert not path.exists() or path.stat().st_size == 0
+            assert not receiver.received.profiles
             assert exp.stop(signal.SIGTERM) == 0, exp.log()
-    log = exp.log()
+        log = exp.log()
+        got = receiver.received
     assert "Traceback" not in log, log
     with path.open("rb") as f:
         messages = list(read_messages(f))
     count, ns = sleep_totals(messages)
-    print(f"SIGTERM: file got {ns / 1e9:.4f} s in {count} switches; known {result.blocked_ns / 1e9:.4f} s "
+    with got.lock:
+        profiles = [s for r in got.profiles for s in decode(r)
+                    if s.resource["process.pid"] == w.pid and "offcpu_sleep_ms" in s.functions]
+        metric_points = [p for r in got.metrics for p in points(r)]
+        # Cumulative sums: the last export holds the totals.
+        metric_s = max((sum(p.value for p in points(r) if p.name == "offcpu.time"
+                            and p.attributes.get("process.pid") == w.pid) for r in got.metrics), default=0.0)
+    otlp_ns = sum(s.value for s in profiles if s.sample_type == "off_cpu/nanoseconds")
+    otlp_count = sum(s.value for s in profiles if s.sample_type == "off_cpu_switches/count")
+    print(f"SIGTERM: file got {ns / 1e9:.4f} s in {count} switches, OTLP profiles {otlp_ns / 1e9:.4f} s in "
+          f"{otlp_count} switches, OTLP metrics {len(metric_points)} points; known {result.blocked_ns / 1e9:.4f} s "
           f"in {result.calls} calls")
     assert ns == pytest.approx(result.blocked_ns, rel=0.05)
     assert count == pytest.approx(result.calls, rel=0.05)
+    assert otlp_ns == pytest.approx(result.blocked_ns, rel=0.05)
+    assert otlp_count == pytest.approx(result.calls, rel=0.05)
+    assert metric_points, "no OTLP metrics export on the way out"
+    # The process total holds the known sleeps and the main thread's waits (for "go", in pthread_join).
+    assert metric_s >= result.blocked_ns / 1e9 * 0.98, metric_s
 
 
 def test_sigkill_and_restart_is_one_counter_reset_without_a_jump(tmp_path: Path) -> None:
