@@ -84,10 +84,14 @@ class Pipeline:
                      ", ".join(f"{p.comm}[{p.pid}]" for p in added[:10]))
         for info in exited:
             self._prepared.discard(info.pid)
+        self._sync_kernel_filter()
+        # After the filter, so that the kernel counts while a big binary's symbols load: read each
+        # new target's mappings while it is alive, since it may exit before its first flush.
         for pid in self.processes.watched_pids() - self._prepared:
-            # Read a new target's mappings while it is alive: it may exit before its first flush.
             self.aggregator.symbolizer.prepare(pid)
             self._prepared.add(pid)
+
+    def _sync_kernel_filter(self) -> None:
         kernel = self.probe.kernel_targets()
         if self.probe.config.watch_all:
             for pid in self._exclude:

@@ -23,7 +23,7 @@ from exporter.snapshot import Frame, FrameKind
 __all__ = ["SAMPLE_TYPES", "encode", "encode_message"]
 
 # (type, unit) in value order; the first is default_sample_type.
-SAMPLE_TYPES: tuple[tuple[str, str], ...] = (("offcpu", "nanoseconds"), ("switches", "count"))
+SAMPLE_TYPES: tuple[tuple[str, str], ...] = (("off_cpu", "nanoseconds"), ("switches", "count"))
 
 _KERNEL_MODULE = "[kernel.kallsyms]"  # perf's name for the kernel image
 

@@ -28,10 +28,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from exporter.ratelimit import RateLimitedLog
 from exporter.snapshot import Frame, FrameKind
 from exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS, debug_file_candidates, file_crc32
 from exporter.symbols.demangle import demangle
-from exporter.symbols.elf import ElfFormatError, ElfInfo, SymbolTable, read_elf
+from exporter.symbols.elf import ElfFormatError, ElfInfo, SymbolTable, read_elf, read_minidebuginfo
 from exporter.symbols.kernel import KernelSymbols
 from exporter.symbols.maps import Mapping, ProcessMaps, parse_maps
 from exporter.symbols.perfmap import PerfMap
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 UNKNOWN = Frame("[unknown]", FrameKind.PLACEHOLDER)
 JIT_MODULE = "[jit]"
 VDSO = "[vdso]"
+MINIDEBUGINFO = "[.gnu_debugdata]"  # _SymbolFile.debug_file when the symbols came from MiniDebugInfo
 _PID_CACHE_LIMIT = 1 << 16  # resolved frames kept per process (cleared when the maps change)
 _NAME_CACHE_LIMIT = 1 << 16  # names kept per file
 _VDSO_MAX = 1 << 20
@@ -122,8 +124,8 @@ class Symbolizer:
         self._processes: dict[int, _Process] = {}
         self._failures = 0
         self._lock = threading.Lock()
-        self._errors_suppressed = 0
-        self._error_logged_at = -1e9
+        self._errors = RateLimitedLog(log, _ERROR_LOG_INTERVAL)
+        self._unexpected_errors = 0
 
     # -- public interface -------------------------------------------------------------------
 
@@ -179,8 +181,12 @@ class Symbolizer:
             try:
                 proc = self._process(pid)
                 for mapping in proc.maps.mappings:
-                    if mapping.is_file and mapping.path != VDSO:
+                    if mapping.path == VDSO:
+                        self._vdso(proc, mapping)
+                    elif mapping.is_file:
                         self._mapped_file(proc, mapping)
+                # JIT runtimes (V8) also run code from mappings not marked executable in maps.
+                self._refresh_perf_map(proc)
             except Exception as exc:
                 self._log_error(f"process {pid}", exc)
 
@@ -200,6 +206,11 @@ class Symbolizer:
                     self._files.pop(key, None)
 
     # -- introspection for tests and self-metrics -------------------------------------------
+
+    @property
+    def unexpected_errors(self) -> int:
+        """Exceptions caught by the last-resort guard (a bug to fix, not a bad input)."""
+        return self._unexpected_errors
 
     @property
     def cached_files(self) -> int:
@@ -242,6 +253,8 @@ class Symbolizer:
         if mapping is None:
             return self._jit(proc, address) or UNKNOWN  # not cached: the next re-read may find it
         frame = self._resolve_in_mapping(proc, mapping, address)
+        if frame.kind is FrameKind.PLACEHOLDER and not mapping.is_file and mapping.path != VDSO:
+            return frame  # anonymous memory: its perf map may name it later
         frames = proc.frames
         if len(frames) >= _PID_CACHE_LIMIT:
             frames.clear()
@@ -349,8 +362,18 @@ class Symbolizer:
                     symtab, debug_file = debug.symtab, path
                     log.debug("symbols of %s from %s (%s)", binary_path, path, how)
                     break
+            else:
+                mini = read_minidebuginfo(info)
+                if mini is not None and mini.entries:
+                    symtab, debug_file = mini, MINIDEBUGINFO
+                    log.debug("symbols of %s from its .gnu_debugdata", binary_path)
+        if not debug_file and (symtab is None or not symtab.entries):
+            log.debug(
+                "no .symtab and no debug file for %s (build id %s): .dynsym only", binary_path, info.build_id or "none"
+            )
         table = SymbolTable.build([symtab, info.dynsym])
         info.symtab = info.dynsym = None  # the table holds what is needed
+        info.gnu_debugdata = b""
         return _SymbolFile(info, table, debug_file)
 
     def _vdso(self, proc: _Process, mapping: Mapping) -> _SymbolFile | None:
@@ -419,19 +442,8 @@ class Symbolizer:
     # -- errors ----------------------------------------------------------------------------------
 
     def _log_error(self, what: str, exc: Exception) -> None:
-        now = time.monotonic()
-        if now - self._error_logged_at < _ERROR_LOG_INTERVAL:
-            self._errors_suppressed += 1
-            return
-        log.warning(
-            "symbolization error (%s): %s: %s (%d similar errors suppressed)",
-            what,
-            type(exc).__name__,
-            exc,
-            self._errors_suppressed,
-        )
-        self._error_logged_at = now
-        self._errors_suppressed = 0
+        self._unexpected_errors += 1
+        self._errors.warning("symbolization error (%s): %s: %s", what, type(exc).__name__, exc)
 
 
 def _placeholder(module: str, offset: int, build_id: str = "") -> Frame:

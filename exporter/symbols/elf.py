@@ -9,6 +9,8 @@ while a flat unpack is a few ms. Names stay undecoded in the string table until 
 
 from __future__ import annotations
 
+import io
+import lzma
 import struct
 from bisect import bisect_right
 from collections.abc import Iterable
@@ -17,7 +19,7 @@ from typing import BinaryIO
 
 from elftools.elf.elffile import ELFFile
 
-__all__ = ["ElfFormatError", "ElfInfo", "RawSymbols", "SymbolTable", "read_elf"]
+__all__ = ["ElfFormatError", "ElfInfo", "RawSymbols", "SymbolTable", "read_elf", "read_minidebuginfo"]
 
 _STT_NOTYPE, _STT_FUNC, _STT_GNU_IFUNC = 0, 2, 10
 _FUNCTION_TYPES = (_STT_FUNC, _STT_GNU_IFUNC)
@@ -25,6 +27,7 @@ _STB_LOCAL, _STB_GLOBAL, _STB_WEAK = 0, 1, 2
 _SHN_LORESERVE = 0xFF00
 _SHF_EXECINSTR = 0x4
 _SHT_NOBITS = "SHT_NOBITS"
+_MINIDEBUG_MAX = 64 << 20  # bytes of decompressed MiniDebugInfo accepted
 
 
 class ElfFormatError(Exception):
@@ -49,6 +52,7 @@ class ElfInfo:
     loads: tuple[tuple[int, int, int], ...]  # PT_LOAD (p_offset, p_filesz, p_vaddr)
     symtab: RawSymbols | None = None  # None when stripped (or only NOBITS)
     dynsym: RawSymbols | None = None
+    gnu_debugdata: bytes = b""  # MiniDebugInfo: an xz-compressed ELF holding a .symtab (Fedora, RHEL)
 
     def file_offset_to_vaddr(self, offset: int) -> int | None:
         """Virtual address (as used by the symbol table) of a file offset, through the PT_LOAD
@@ -93,6 +97,8 @@ def _read_elf(stream: BinaryIO, file_size: int) -> ElfInfo:
             info.build_id = _build_id(sec)
         elif sec.name == ".gnu_debuglink" and stype != _SHT_NOBITS:
             info.debuglink = _debuglink(_section_bytes(stream, sec, file_size))
+        elif sec.name == ".gnu_debugdata" and stype != _SHT_NOBITS:
+            info.gnu_debugdata = _section_bytes(stream, sec, file_size)
     if not info.build_id:
         for seg in elf.iter_segments():
             if seg["p_type"] == "PT_NOTE":
@@ -100,9 +106,7 @@ def _read_elf(stream: BinaryIO, file_size: int) -> ElfInfo:
                 if info.build_id:
                     break
     exec_ends = {
-        i: int(s["sh_addr"]) + int(s["sh_size"])
-        for i, s in enumerate(sections)
-        if int(s["sh_flags"]) & _SHF_EXECINSTR
+        i: int(s["sh_addr"]) + int(s["sh_size"]) for i, s in enumerate(sections) if int(s["sh_flags"]) & _SHF_EXECINSTR
     }
     fmt = _symbol_format(elf.elfclass, elf.little_endian)
     for sec in sections:
@@ -123,6 +127,22 @@ def _read_elf(stream: BinaryIO, file_size: int) -> ElfInfo:
         else:
             info.dynsym = raw
     return info
+
+
+def read_minidebuginfo(info: ElfInfo) -> RawSymbols | None:
+    """The .symtab of the file's MiniDebugInfo (``.gnu_debugdata``): the local function symbols
+    that .dynsym lacks, as distributions that strip binaries keep them. None when absent or bad."""
+    if not info.gnu_debugdata:
+        return None
+    try:
+        decompressor = lzma.LZMADecompressor()
+        image = decompressor.decompress(info.gnu_debugdata, max_length=_MINIDEBUG_MAX)
+        if not decompressor.eof:
+            return None  # truncated, or larger than any real one
+        inner = read_elf(io.BytesIO(image), len(image))
+    except (lzma.LZMAError, ElfFormatError):
+        return None
+    return inner.symtab
 
 
 def _section_bytes(stream: BinaryIO, sec, file_size: int) -> bytes:  # type: ignore[no-untyped-def]
@@ -213,7 +233,10 @@ class SymbolTable:
     @classmethod
     def build(cls, sources: Iterable[RawSymbols | None]) -> SymbolTable:
         """Merge symbol tables (earlier sources preferred at equal addresses and rank)."""
-        merged: list[tuple[int, int, int, int | None, int]] = []
+        # One dict pass instead of sorting every candidate: .symtab and .dynsym mostly repeat each
+        # other, so the merged table is about half the candidates (and sorting ints is cheap).
+        best: dict[int, tuple[int, int, int | None, int]] = {}  # start -> (rank, -source, end, ref)
+        sized_end: dict[int, int] = {}
         section_ends: dict[int, int] = {}
         strtabs: list[bytes] = []
         for raw in sources:
@@ -221,27 +244,23 @@ class SymbolTable:
                 continue
             index = len(strtabs)
             strtabs.append(raw.strtab)
-            source_rank = -index
-            merged.extend(
-                (start, rank, source_rank, end, off * 4 + index) for start, end, rank, off in raw.entries
-            )
+            get = best.get
+            for start, end, rank, off in raw.entries:
+                current = get(start)
+                if current is None or (rank, -index) > current[:2]:
+                    best[start] = (rank, -index, end, off * 4 + index)
+                if end is not None and end > sized_end.get(start, 0):
+                    sized_end[start] = end
             for k, v in raw.section_ends.items():
                 section_ends.setdefault(k, v)
-        # Sort by address, best candidate last within one address, then keep the last of each run.
-        merged.sort()
-        starts: list[int] = []
+        starts = sorted(best)
         ends: list[int | None] = []
         refs: list[int] = []
-        for start, _rank, _src, end, ref in merged:
-            if starts and starts[-1] == start:
-                if end is None and ends[-1] is not None:
-                    end = ends[-1]  # an unsized alias takes its sized twin's extent
-                ends[-1] = end
-                refs[-1] = ref
-            else:
-                starts.append(start)
-                ends.append(end)
-                refs.append(ref)
+        for start in starts:
+            _rank, _src, end, ref = best[start]
+            # An unsized alias takes its sized twin's extent.
+            ends.append(end if end is not None else sized_end.get(start))
+            refs.append(ref)
         # A zero-sized symbol (hand-written assembly) reaches to the next symbol, within its section.
         n = len(starts)
         final_ends: list[int] = []

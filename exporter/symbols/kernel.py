@@ -25,6 +25,7 @@ UNKNOWN_KERNEL = Frame("[unknown]", FrameKind.PLACEHOLDER, KERNEL_MODULE)
 _MODULES_CHECK_INTERVAL = 1.0  # s between /proc/modules checks
 _MISS_RELOAD_INTERVAL = 30.0  # s between reloads caused by unknown addresses (e.g. new BPF programs)
 _CACHE_LIMIT = 1 << 16
+_UNBOUNDED_EXTENT = 1 << 16  # bytes a symbol without a known module extent may cover
 
 
 class KernelSymbols:
@@ -47,7 +48,7 @@ class KernelSymbols:
     @property
     def hidden(self) -> bool:
         """True when kallsyms showed only zero addresses (kptr_restrict)."""
-        return self._loaded and not self._starts and self._hidden_reported
+        return self._hidden_reported and not self._starts
 
     def __len__(self) -> int:
         self._ensure_current()
@@ -78,9 +79,13 @@ class KernelSymbols:
         module = self._modules[i]
         if module:
             bounds = self._module_ranges.get(module)
-            if bounds is not None and not bounds[0] <= address < bounds[1]:
+            if bounds is None:
+                # [bpf], [__builtin__ftrace], ...: no extent is published; do not let the last
+                # one claim everything above it.
+                bounds = (self._starts[i], self._starts[i] + _UNBOUNDED_EXTENT)
+            if not bounds[0] <= address < bounds[1]:
                 return None
-            base = bounds[0] if bounds is not None else self._starts[i]
+            base = bounds[0]
             return Frame(f"{self._names[i]} [{module}]", FrameKind.KERNEL, module, address - base)
         if self._text_end and address >= self._text_end and i + 1 == len(self._starts):
             return None

@@ -162,7 +162,7 @@ def test_go_tool_pprof_fetches_a_served_profile(workload: Workload, tmp_path: Pa
     known_ms = sum(t.blocked_ns for t in result.threads) / 1e6
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "e2e-http-profile.txt").write_text(f"known blocked {known_ms:.1f} ms\n{out}")
-    assert "Type: offcpu" in out and "offcpu_sleep_ms" in cum, out
+    assert "Type: off_cpu" in out and "offcpu_sleep_ms" in cum, out
     assert cum["offcpu_sleep_ms"] == pytest.approx(known_ms, rel=0.10), out
 
 

@@ -82,7 +82,10 @@ def test_prometheus_scrapes_over_tls_with_basic_auth_and_is_refused_otherwise(tm
     )
     prom = PrometheusServer(tmp_path, jobs)
     try:
-        targets = prom.wait_targets(lambda ts: len(ts) == 3 and all(t["health"] != "unknown" for t in ts))
+        # A first scrape can time out on a loaded machine (TLS handshake plus a bcrypt check within
+        # a 1 s scrape timeout): wait for the state to settle, with a deadline, then assert it.
+        targets = prom.wait_targets(lambda ts: len(ts) == 3 and all(t["health"] != "unknown" for t in ts)
+                                    and any(t["labels"]["job"] == "right" and t["health"] == "up" for t in ts))
         by_job = {t["labels"]["job"]: t for t in targets}
         assert by_job["right"]["health"] == "up", by_job["right"]
         assert by_job["wrong"]["health"] == "down"

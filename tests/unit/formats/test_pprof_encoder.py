@@ -27,10 +27,10 @@ def test_structure_is_valid(before: Snapshot, after: Snapshot) -> None:
     assert st[0] == ""
     assert len(set(st)) == len(st)
     assert [(st[t.type], st[t.unit]) for t in p.sample_type] == [
-        ("offcpu", "nanoseconds"),
+        ("off_cpu", "nanoseconds"),
         ("switches", "count"),
     ]
-    assert st[p.default_sample_type] == "offcpu"
+    assert st[p.default_sample_type] == "off_cpu"
     assert p.time_nanos == T0 + 5_000_000_000 and p.duration_nanos == 5_000_000_000
     for table in (p.mapping, p.location, p.function):
         ids = [x.id for x in table]
@@ -107,7 +107,7 @@ def test_go_tool_pprof_reads_it(tmp_path: Path, before: Snapshot, after: Snapsho
     path = tmp_path / "offcpu.pb.gz"
     path.write_bytes(render("pprof", Profile.between(before, after)))
     out = go_pprof(tmp_path, "-top", "-unit=ms", "-nodefraction=0", "-tagfocus=pid=^4242$", str(path))
-    assert "Type: offcpu" in out
+    assert "Type: off_cpu" in out
     cum = top_cum(out)
     assert cum["offcpu_sleep_ms"] == pytest.approx(1500.0)
     assert cum["offcpu_pipe_read"] == pytest.approx(250.0)
@@ -116,8 +116,8 @@ def test_go_tool_pprof_reads_it(tmp_path: Path, before: Snapshot, after: Snapsho
     assert switches["offcpu_sleep_ms"] == 15 + 2  # both processes
     assert switches["offcpu_pipe_read"] == 4
     raw = go_pprof(tmp_path, "-raw", str(path))
-    assert "offcpu/nanoseconds[dflt] switches/count" in raw
+    assert "off_cpu/nanoseconds[dflt] switches/count" in raw
 
 
 def test_sample_types_are_exported() -> None:
-    assert pprof_format.SAMPLE_TYPES[0] == ("offcpu", "nanoseconds")
+    assert pprof_format.SAMPLE_TYPES[0] == ("off_cpu", "nanoseconds")
