@@ -1,5 +1,5 @@
-"""Outputs down for 40 s: one exporter's OAP is unreachable (a closed loopback port), another's
-accepts TCP and never answers. Meanwhile /metrics answers within its latency target, memory stays
+"""Outputs down for 40 s: one exporter's OAP and OTLP collector are unreachable (a closed loopback
+port), another's accept TCP and never answer. Meanwhile /metrics answers within its latency target, memory stays
 bounded and the undeliverable data is counted as dropped. Both run at once, with a third exporter
 without outputs as the control for this machine's load: about 50 s.
 
@@ -24,9 +24,11 @@ OUTAGE_S = 40
 
 
 def _args(pid: int, endpoint: str) -> list[str]:
+    """The OAP and the OTLP collector both at `endpoint` (host:port)."""
     return ["--pid", str(pid), "--flush-interval", "0.5", "--skywalking-endpoint", endpoint,
             "--skywalking-task-id", "outage", "--skywalking-process-id", "p1", "--skywalking-buffer", "50",
-            "--skywalking-timeout", "2"]
+            "--skywalking-timeout", "2", "--otlp-endpoint", f"http://{endpoint}", "--otlp-protocol", "grpc",
+            "--otlp-queue-size", "4", "--otlp-max-delay", "5", "--otlp-timeout", "2", "--otlp-interval", "1"]
 
 
 def _p99(values: list[float]) -> float:
@@ -62,16 +64,19 @@ def test_metrics_keep_answering_while_the_outputs_are_down() -> None:
         text, lat, mem = texts[name], latencies[name], rss[name]
         dropped = total(text, "offcpu_exporter_sink_dropped_total", sink="skywalking")
         sent = total(text, "offcpu_exporter_sink_sent_total", sink="skywalking")
+        otlp_dropped = total(text, "offcpu_exporter_sink_dropped_total", sink="otlp")
+        otlp_sent = total(text, "offcpu_exporter_sink_sent_total", sink="otlp")
         quarter = max(1, len(mem) // 4)
         print(f"{name}: {len(lat)} scrapes, p50 {sorted(lat)[len(lat) // 2] * 1e3:.1f} ms, "
               f"p99 {_p99(lat) * 1e3:.1f} ms, max {max(lat) * 1e3:.1f} ms; "
               f"RSS {mem[0] / 1024:.0f}..{max(mem) / 1024:.0f} MiB; "
-              f"sent {sent:.0f}, dropped {dropped:.0f}")
+              f"SkyWalking sent {sent:.0f}, dropped {dropped:.0f}; OTLP sent {otlp_sent:.0f}, "
+              f"dropped {otlp_dropped:.0f}")
         assert "Traceback" not in logs[name], logs[name]
         assert _p99(lat) < max(0.100, 1.5 * control_p99), (sorted(lat)[-10:], control_p99)
         assert max(mem[quarter:]) <= max(mem[:quarter]) + 20 * 1024, mem
-        assert sent == 0
-        assert dropped > 0
+        assert sent == 0 and otlp_sent == 0
+        assert dropped > 0 and otlp_dropped > 0
         # The failure is logged, rate-limited: not once per flush.
         assert logs[name].count("\n") < OUTAGE_S, logs[name][-2000:]
     assert accepted >= 1  # the hung collector was really tried
