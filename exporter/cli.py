@@ -172,6 +172,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             parser.error(str(e))
     options = parser.parse_args(argv)
     options._sink_modules = modules
+    if options.command == "serve":
+        from exporter.web.config import WebConfigError
+        from exporter.web.server import parse_listen_address
+
+        try:
+            parse_listen_address(options.web_listen_address)  # before the probe is loaded
+        except WebConfigError as e:
+            parser.error(str(e))
     if options.command in ("serve", "record"):
         if options.min_block > options.max_block:
             parser.error("--min-block is larger than --max-block")

@@ -57,11 +57,13 @@ def test_serve_with_only_unknown_or_exited_pids_is_a_one_line_error() -> None:
     (["serve", "--max-counters", "0"], "must be positive"),
     (["serve", "--stack-storage-size", "many"], "invalid integer"),
     (["serve", "--exited-grace", "-1"], "--exited-grace"),
+    (["serve", "--web.listen-address", "127.0.0.1"], "expected host:port"),
 ])
 def test_more_bad_flags(args: list[str], message: str) -> None:
     r = _run(*args)
     assert r.returncode == 2, r
     assert _one_error_line(r.stderr, message), r.stderr
+    assert "probe attached" not in r.stderr  # refused before anything was loaded
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -111,3 +111,12 @@ def test_doctor_names_the_capabilities_kept_after_attach() -> None:
         line = next((x for x in lines if f"] {kept.name}:" in x), None)
         assert line is not None, lines
         assert kept.why in line
+
+
+def test_drop_privileges_from_a_config_file(tmp_path: Path) -> None:
+    from exporter.cli import parse_args
+
+    path = tmp_path / "c.yml"
+    path.write_text("drop-privileges: true\n")
+    assert parse_args(["serve", "--config", str(path)]).drop_privileges is True
+    assert parse_args(["serve"]).drop_privileges is False
