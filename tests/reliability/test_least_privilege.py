@@ -4,12 +4,14 @@ still needs (every thread), no_new_privs set, and still serves correct figures."
 from __future__ import annotations
 
 import ast
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from exporter.privileges import CAP_NAMES, current_capabilities, kept_after_attach
+from tests.e2e.test_chart_capabilities_kernel import NOBODY, other_users_binary  # noqa: F401 (a fixture)
 from tests.reliability.metrics import total
 from tests.support.exporter import ROOT, ExporterProcess
 from tests.support.workloads import Workload
@@ -27,8 +29,10 @@ def _bits(mask: str) -> set[str]:
 
 
 @pytest.mark.kernel
-def test_dropped_capabilities_in_every_thread_and_figures_still_right() -> None:
-    with Workload("sleep", threads=1, iterations=60, interval_ms=25) as w, \
+def test_dropped_capabilities_in_every_thread_and_figures_still_right(other_users_binary: Path) -> None:  # noqa: F811
+    """The workload runs as nobody from a binary only nobody may read: its user frames are named
+    only if what was kept still reads another user's maps and files."""
+    with Workload("sleep", threads=1, iterations=60, interval_ms=25, binary=other_users_binary) as w, \
             ExporterProcess(["--pid", str(w.pid), "--flush-interval", "0.5", "--drop-privileges"]) as exp:
         assert exp.proc is not None
         expected = {k.name for k in kept_after_attach(exp.port)} & _bits(_status(exp.proc.pid)["CapPrm"])
@@ -43,6 +47,7 @@ def test_dropped_capabilities_in_every_thread_and_figures_still_right() -> None:
             assert int(status["CapInh"], 16) == 0 and int(status["CapAmb"], 16) == 0
             assert status["NoNewPrivs"].strip() == "1"
         print(f"kept after --drop-privileges: {sorted(expected)}")
+        assert os.stat(f"/proc/{w.pid}").st_uid == NOBODY
         time.sleep(0.5)
         w.go()
         result = w.wait()
