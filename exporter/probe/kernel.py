@@ -81,11 +81,15 @@ def finish_task_switch_symbols(kallsyms: str = "/proc/kallsyms") -> tuple[str, .
 
 
 def _kallsyms_readable(kallsyms: str = "/proc/kallsyms") -> bool:
+    """Whether kptr_restrict leaves the addresses visible. Per-CPU symbols sit at address 0 even
+    then (the first line is often `0000000000000000 A fixed_percpu_data`): look at text symbols."""
     try:
         with open(kallsyms, encoding="utf-8", errors="replace") as f:
             for line in f:
-                return not line.startswith("0000000000000000")
-    except OSError:
+                parts = line.split(None, 2)
+                if len(parts) >= 2 and parts[1] in "tT":
+                    return int(parts[0], 16) != 0
+    except (OSError, ValueError):
         return False
     return False
 

@@ -1,7 +1,9 @@
 """The real probe on the running kernel against workloads with known blocking.
 
 Ground truths: each workload thread times its own blocking system calls (CLOCK_MONOTONIC around
-each call) and reads its schedstat (on-CPU ns) at start and end. The probe's figures must match
+each call, minus its own CPU time inside the call: the off-CPU part, which matters where system
+calls are slow, as under the kernel matrix's emulation) and reads its schedstat at start and end.
+The probe's figures must match
 those within the issue's tolerances: 5% for time, 2% for counts, 3% for on-CPU + off-CPU = wall.
 The attach mode is OFFCPU_ATTACH (the kernel matrix runs this file in kprobe and tracepoint mode).
 """
@@ -9,10 +11,11 @@ The attach mode is OFFCPU_ATTACH (the kernel matrix runs this file in kprobe and
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 
-from exporter.probe.loader import ProbeConfig
+from exporter.probe.loader import Probe, ProbeConfig
 from exporter.snapshot import ZERO, Reason
 from tests.support.inprocess import ATTACH, running_pipeline, total, with_function
 from tests.support.workloads import Workload
@@ -20,12 +23,22 @@ from tests.support.workloads import Workload
 pytestmark = pytest.mark.kernel
 
 
+@pytest.fixture(scope="module")
+def probe() -> Iterator[Probe]:
+    """One probe (per-thread, the default options) for the tests that need nothing else."""
+    shared = Probe(ProbeConfig(attach=ATTACH, per_thread=True))
+    shared.start()
+    yield shared
+    shared.close()
+
+
 def _kernel_names(samples):  # type: ignore[no-untyped-def]
     return {f.name.split(" ", 1)[0] for s in samples for f in s.stack.kernel}
 
 
-def test_sleeping_thread_time_count_and_frames() -> None:
-    with Workload("sleep", threads=1, iterations=50, interval_ms=20) as w, running_pipeline(pids=(w.pid,)) as p:
+def test_sleeping_thread_time_count_and_frames(probe: Probe) -> None:
+    with (Workload("sleep", threads=1, iterations=50, interval_ms=20) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
@@ -41,7 +54,7 @@ def test_sleeping_thread_time_count_and_frames() -> None:
     names = [f.name for f in samples[0].stack.user[:3]]
     assert names == ["offcpu_sleep_ms", "sleep_worker", "thread_main"], names
     assert total([s for s in samples if s.reason is Reason.SLEEPING]).count == pytest.approx(thread.blocks, rel=0.02)
-    assert measured.ns == pytest.approx(thread.blocked_ns, rel=0.05)
+    assert measured.ns == pytest.approx(thread.blocked_off_ns, rel=0.05)
 
 
 @pytest.mark.skipif(ATTACH == "kprobe", reason="the perf-event tracepoint variant of tracepoint mode")
@@ -58,12 +71,13 @@ def test_perf_event_tracepoint_variant() -> None:
     thread = result.threads[0]
     samples = with_function(snap, "offcpu_sleep_ms", w.pid)
     assert "do_nanosleep" in _kernel_names(samples)
-    assert total(samples).ns == pytest.approx(thread.blocked_ns, rel=0.05)
+    assert total(samples).ns == pytest.approx(thread.blocked_off_ns, rel=0.05)
     assert total([s for s in samples if s.reason is Reason.SLEEPING]).count == pytest.approx(thread.blocks, rel=0.02)
 
 
-def test_on_cpu_plus_off_cpu_is_wall_time() -> None:
-    with Workload("mutex", threads=3, iterations=20, interval_ms=5) as w, running_pipeline(pids=(w.pid,)) as p:
+def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe) -> None:
+    with (Workload("mutex", threads=3, iterations=20, interval_ms=5) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
@@ -76,8 +90,9 @@ def test_on_cpu_plus_off_cpu_is_wall_time() -> None:
 
 
 @pytest.mark.parametrize("readers", [1, 2])
-def test_pipe_reader_blocks_in_pipe_read(readers: int) -> None:
-    with Workload("pipe", threads=readers, iterations=40, interval_ms=10) as w, running_pipeline(pids=(w.pid,)) as p:
+def test_pipe_reader_blocks_in_pipe_read(readers: int, probe: Probe) -> None:
+    with (Workload("pipe", threads=readers, iterations=40, interval_ms=10) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
@@ -87,7 +102,7 @@ def test_pipe_reader_blocks_in_pipe_read(readers: int) -> None:
     assert {"pipe_read", "anon_pipe_read"} & _kernel_names(samples), _kernel_names(samples)
     for thread in result.threads:
         mine = [s for s in samples if s.tid == thread.tid]
-        assert total(mine).ns == pytest.approx(thread.blocked_ns, rel=0.05), thread
+        assert total(mine).ns == pytest.approx(thread.blocked_off_ns, rel=0.05), thread
         if readers == 1:
             # Each read that found the pipe empty left the CPU once, sleeping (the workload checks
             # with FIONREAD before reading). Preemptions on a loaded machine add runnable switches
@@ -97,8 +112,9 @@ def test_pipe_reader_blocks_in_pipe_read(readers: int) -> None:
             assert blocks.count == pytest.approx(thread.blocks, rel=0.02, abs=1), thread
 
 
-def test_mutex_waiters_block_in_futex_wait() -> None:
-    with Workload("mutex", threads=3, iterations=20, interval_ms=5) as w, running_pipeline(pids=(w.pid,)) as p:
+def test_mutex_waiters_block_in_futex_wait(probe: Probe) -> None:
+    with (Workload("mutex", threads=3, iterations=20, interval_ms=5) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
@@ -106,14 +122,14 @@ def test_mutex_waiters_block_in_futex_wait() -> None:
     samples = with_function(snap, "offcpu_lock_wait", w.pid)
     assert samples, [(s.tid, s.stack.folded()) for s in snap.samples]
     assert any(name.startswith("futex_wait") for name in _kernel_names(samples)), _kernel_names(samples)
-    assert result.blocked_ns > 100_000_000  # the workload really contended
+    assert result.blocked_off_ns > 100_000_000  # the workload really contended
     for thread in result.threads:
         named = total([s for s in samples if s.tid == thread.tid])
         # The thread's own clock around the call also holds any preemption just before or after the
         # syscall (a lock holder spins on the CPU); that wait is in the thread's run-queue time
         # (schedstat) under another stack. So: named <= timed <= named + run-queue wait.
-        assert named.ns <= thread.blocked_ns * 1.01, thread
-        assert named.ns >= (thread.blocked_ns - thread.runq_ns) * 0.99, thread
+        assert named.ns <= thread.blocked_off_ns * 1.01, thread
+        assert named.ns >= (thread.blocked_off_ns - thread.runq_ns) * 0.99, thread
         # FUTEX_WAIT returns at once (EAGAIN) when the lock word changed before the call: such calls
         # never leave the CPU; the workload counts the others.
         blocks = total([s for s in samples if s.tid == thread.tid and s.reason is Reason.SLEEPING])
@@ -134,7 +150,7 @@ def test_short_lived_children_are_followed_and_named() -> None:
     assert w.pid not in children
     for pid in children:
         assert snap.processes[next(s.process for s in samples if s.process.pid == pid)].info.comm == "offcpu_workload"
-    assert total(samples).ns == pytest.approx(result.blocked_ns, rel=0.05)  # each child timed its sleep
+    assert total(samples).ns == pytest.approx(result.blocked_off_ns, rel=0.05)  # each child timed its sleep
     assert total([s for s in samples if s.reason is Reason.SLEEPING]).count == iterations
 
 
@@ -149,15 +165,15 @@ def test_per_process_aggregation_sums_threads_and_stacks_sum_to_process_total() 
     assert {s.tid for s in samples} == {0}
     blocks = total([s for s in samples if s.reason is Reason.SLEEPING]).count
     assert blocks == pytest.approx(sum(t.blocks for t in result.threads), rel=0.02)
-    assert total(samples).ns == pytest.approx(result.blocked_ns, rel=0.05)
+    assert total(samples).ns == pytest.approx(result.blocked_off_ns, rel=0.05)
     for key, view in snap.processes.items():
         stacks = sum((s.total for s in snap.samples if s.process == key), ZERO)
         assert stacks == view.total
         assert sum(view.by_reason.values(), ZERO) == view.total
 
 
-def test_process_matched_by_comm_after_start_and_increases_add_up() -> None:
-    with (running_pipeline(comm="^offcpu_workload$", flush_interval=0.3) as p,
+def test_process_matched_by_comm_after_start_and_increases_add_up(probe: Probe) -> None:
+    with (running_pipeline(comm="^offcpu_workload$", flush_interval=0.3, probe=probe) as p,
           Workload("sleep", threads=1, iterations=40, interval_ms=10) as w):
         deadline = time.monotonic() + 10
         while w.pid not in p.processes.watched_pids() and time.monotonic() < deadline:
@@ -168,19 +184,20 @@ def test_process_matched_by_comm_after_start_and_increases_add_up() -> None:
         time.sleep(0.6)  # a targets refresh (every 0.2 s here) notices the exit
         last = p.flush_now()
         history = p.history(600)
-    assert len(history) >= 3
+    assert len(history) >= 2
     # The increases of every flush add up to the cumulative total: nothing lost between flushes.
     increases = sum((s.increase for snap in history for s in with_function(snap, "offcpu_sleep_ms", w.pid)), ZERO)
     assert increases == total(with_function(last, "offcpu_sleep_ms", w.pid))
-    assert increases.ns == pytest.approx(result.blocked_ns, rel=0.05)
+    assert increases.ns == pytest.approx(result.blocked_off_ns, rel=0.05)
     info = next(v.info for k, v in last.processes.items() if k.pid == w.pid)
     assert info.exited
 
 
-def test_switch_counts_match_schedstat() -> None:
+def test_switch_counts_match_schedstat(probe: Probe) -> None:
     """Every time a thread ran again after leaving the CPU, the probe saw one switch: the kernel's
     own count of a thread's runs (schedstat field 3) is the ground truth, immune to CPU load."""
-    with Workload("mutex", threads=3, iterations=20, interval_ms=5) as w, running_pipeline(pids=(w.pid,)) as p:
+    with (Workload("mutex", threads=3, iterations=20, interval_ms=5) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
@@ -191,8 +208,9 @@ def test_switch_counts_match_schedstat() -> None:
         assert abs(counted - thread.switches) <= max(2, 0.02 * thread.switches), thread
 
 
-def test_block_duration_histogram() -> None:
-    with Workload("sleep", threads=1, iterations=30, interval_ms=20) as w, running_pipeline(pids=(w.pid,)) as p:
+def test_block_duration_histogram(probe: Probe) -> None:
+    with (Workload("sleep", threads=1, iterations=30, interval_ms=20) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)

@@ -21,13 +21,18 @@ ATTACH = os.environ.get("OFFCPU_ATTACH", "auto")
 def running_pipeline(*, pids: tuple[int, ...] = (), comm: str | None = None, per_thread: bool = True,
                      follow_children: bool = False, flush_interval: float = 0.5, watch_all: bool = False,
                      probe_config: ProbeConfig | None = None,
-                     aggregate: AggregateConfig | None = None) -> Iterator[Pipeline]:
-    config = probe_config or ProbeConfig(attach=ATTACH, per_thread=per_thread, follow_children=follow_children,
-                                         watch_all=watch_all)
-    probe = Probe(config)
-    probe.start()
-    rules = TargetRules(pids=pids, comm=re.compile(comm) if comm else None, watch_all=watch_all,
-                        follow_children=follow_children)
+                     aggregate: AggregateConfig | None = None, probe: Probe | None = None) -> Iterator[Pipeline]:
+    """A pipeline on a new probe, or on `probe` (a started one shared by several tests, which saves
+    the compile: ~0.5 s here, ~25 s under the kernel matrix's emulation). A shared probe still holds
+    earlier tests' counters: they show up as exited processes, which tests select away by pid."""
+    own_probe = probe is None
+    if probe is None:
+        config = probe_config or ProbeConfig(attach=ATTACH, per_thread=per_thread, follow_children=follow_children,
+                                             watch_all=watch_all)
+        probe = Probe(config)
+        probe.start()
+    rules = TargetRules(pids=pids, comm=re.compile(comm) if comm else None, watch_all=probe.config.watch_all,
+                        follow_children=probe.config.follow_children)
     processes = ProcessTable(rules, exclude=(os.getpid(),))
     processes.start()
     aggregator = Aggregator(probe, Symbolizer(), processes, aggregate)
@@ -39,7 +44,8 @@ def running_pipeline(*, pids: tuple[int, ...] = (), comm: str | None = None, per
         yield pipeline
     finally:
         pipeline.stop()
-        probe.close()
+        if own_probe:
+            probe.close()
 
 
 def with_function(snapshot: Snapshot, function: str, pid: int | None = None) -> list[StackSample]:

@@ -40,6 +40,7 @@ class ThreadResult:
     function: str
     blocked_ns: int
     calls: int
+    blocked_off_ns: int  # the part of blocked_ns spent off CPU (minus the thread's CPU time in the calls)
     blocks: int  # calls that had to wait: each left the CPU once (a pipe byte already there does not)
     wall_ns: int
     oncpu_ns: int
@@ -60,6 +61,10 @@ class WorkloadResult:
     @property
     def blocked_ns(self) -> int:
         return sum(t.blocked_ns for t in self.threads)
+
+    @property
+    def blocked_off_ns(self) -> int:
+        return sum(t.blocked_off_ns for t in self.threads)
 
     @property
     def calls(self) -> int:

@@ -44,6 +44,7 @@ struct thread_result {
 	long tid;
 	const char *function;
 	uint64_t blocked_ns;  /* time inside the blocking system calls */
+	uint64_t blocked_off_ns; /* of that, off CPU: wall minus the thread's CPU time around each call */
 	uint64_t calls;       /* number of blocking calls that returned */
 	uint64_t blocks;      /* of those, the ones that had to wait (so left the CPU once) */
 	uint64_t start_ns, end_ns;
@@ -140,9 +141,11 @@ static void lock_acquire(struct thread_result *r)
 	if (c != 2)
 		c = atomic_exchange(&lock_word, 2);
 	while (c != 0) {
-		uint64_t t0 = now_ns();
+		uint64_t c0 = thread_cpu_ns(), t0 = now_ns();
 		long ret = offcpu_lock_wait(&lock_word);
-		r->blocked_ns += now_ns() - t0;
+		uint64_t dt = now_ns() - t0, dc = thread_cpu_ns() - c0;
+		r->blocked_ns += dt;
+		r->blocked_off_ns += dt > dc ? dt - dc : 0;
 		r->calls++;
 		if (ret != -EAGAIN) /* EAGAIN: the word changed before the call; it never slept */
 			r->blocks++;
@@ -165,8 +168,9 @@ static void busy_ms(int ms)
 		;
 }
 
-static void count_block(struct thread_result *r, uint64_t ns)
+static void count_block(struct thread_result *r, uint64_t ns, uint64_t cpu_ns)
 {
+	r->blocked_off_ns += ns > cpu_ns ? ns - cpu_ns : 0;
 	uint64_t us = ns / 1000;
 	int slot = 0;
 	while (us) { /* slot i holds [2^(i-1), 2^i) us */
@@ -182,9 +186,10 @@ static void count_block(struct thread_result *r, uint64_t ns)
 __attribute__((noinline)) void sleep_worker(struct thread_result *r)
 {
 	for (int i = 0; i < iterations; i++) {
-		uint64_t t0 = now_ns();
+		uint64_t c0 = thread_cpu_ns(), t0 = now_ns();
 		offcpu_sleep_ms(interval_ms);
-		count_block(r, now_ns() - t0);
+		uint64_t t1 = now_ns();
+		count_block(r, t1 - t0, thread_cpu_ns() - c0);
 	}
 }
 
@@ -196,9 +201,11 @@ __attribute__((noinline)) void pipe_worker(struct thread_result *r)
 		ioctl(pipe_fds[0], FIONREAD, &ready); /* a byte already there: this read will not wait */
 		if (ready == 0)
 			r->blocks++;
-		uint64_t t0 = now_ns();
+		uint64_t c0 = thread_cpu_ns(), t0 = now_ns();
 		long n = offcpu_pipe_read(pipe_fds[0], &c, 1);
-		r->blocked_ns += now_ns() - t0;
+		uint64_t dt = now_ns() - t0, dc = thread_cpu_ns() - c0;
+		r->blocked_ns += dt;
+		r->blocked_off_ns += dt > dc ? dt - dc : 0;
 		r->calls++;
 		if (n <= 0 || c == 'q')
 			break;
@@ -249,9 +256,10 @@ static void run_children(void)
 	for (int i = 0; i < iterations; i++) {
 		pid_t pid = fork();
 		if (pid == 0) {
-			uint64_t t0 = now_ns();
+			uint64_t c0 = thread_cpu_ns(), t0 = now_ns();
 			offcpu_child_sleep(interval_ms);
-			blocked[i] = now_ns() - t0;
+			uint64_t dt = now_ns() - t0, dc = thread_cpu_ns() - c0;
+			blocked[i] = dt > dc ? dt - dc : 0; /* off CPU inside the sleep */
 			_exit(0);
 		}
 		int status;
@@ -335,10 +343,11 @@ int main(int argc, char **argv)
 		for (int h = 0; h < 27; h++)
 			printf("%s%llu", h ? ", " : "", (unsigned long long)r->hist[h]);
 		printf("], \"tid\": %ld, \"function\": \"%s\", \"blocked_ns\": %llu, \"calls\": %llu, "
-		       "\"blocks\": %llu, "
+		       "\"blocks\": %llu, \"blocked_off_ns\": %llu, "
 		       "\"wall_ns\": %llu, \"oncpu_ns\": %llu, \"runq_ns\": %llu, \"switches\": %llu}",
 		       r->tid, r->function, (unsigned long long)r->blocked_ns,
-		       (unsigned long long)r->calls, (unsigned long long)r->blocks, (unsigned long long)(r->end_ns - r->start_ns),
+		       (unsigned long long)r->calls, (unsigned long long)r->blocks,
+		       (unsigned long long)(r->blocked_off_ns ? r->blocked_off_ns : r->blocked_ns), (unsigned long long)(r->end_ns - r->start_ns),
 		       (unsigned long long)(r->oncpu_end_ns - r->oncpu_start_ns),
 		       (unsigned long long)(r->runq_end_ns - r->runq_start_ns),
 		       (unsigned long long)(r->slices_end - r->slices_start));
