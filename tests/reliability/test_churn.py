@@ -56,7 +56,9 @@ def test_churn_keeps_memory_maps_bounded_and_the_long_lived_figures_right() -> N
           f"{rss[0] / 1024:.0f}..{max(rss) / 1024:.0f} MiB (last {rss[-1] / 1024:.0f}); counts map max "
           f"{max(counts):.0f}, targets map max {max(targets):.0f}")
     assert started >= RATE * SECONDS * 0.8
-    assert len(churn_pids) > 100  # the churn was watched, not missed
+    # The churn was watched, not missed: a child lives 1-40 ms, so only those alive at one of the
+    # 0.2 s /proc scans are matched (how many depends on the machine's load: tens to hundreds).
+    assert len(churn_pids) >= 20
     # Memory: what is kept per exited process is bounded by the grace period, not the run length.
     half = len(rss) // 2
     assert max(rss[half:]) <= max(rss[:half]) + 30 * 1024, rss
