@@ -124,6 +124,9 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
                            epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     for add in (_add_common, _add_targets, k8s_selection.add_arguments, _add_probe, _add_aggregate):
         add(serve)
+    serve.add_argument("--drop-privileges", action="store_true",
+                       help="once the probe is attached, keep only the capabilities still needed "
+                       "(see SECURITY.md) and set no_new_privs")
     from exporter.web import server as web_server
 
     web_server.add_arguments(serve)
@@ -169,6 +172,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             parser.error(str(e))
     options = parser.parse_args(argv)
     options._sink_modules = modules
+    if options.command == "serve":
+        from exporter.web.config import WebConfigError
+        from exporter.web.server import parse_listen_address
+
+        try:
+            parse_listen_address(options.web_listen_address)  # before the probe is loaded
+        except WebConfigError as e:
+            parser.error(str(e))
     if options.command in ("serve", "record"):
         if options.min_block > options.max_block:
             parser.error("--min-block is larger than --max-block")
@@ -280,6 +291,13 @@ def cmd_serve(options: argparse.Namespace) -> int:
     except ProbeError as e:
         log.error("%s", e)
         return 1
+    if options.drop_privileges:
+        # Before any other thread starts: capset(2) changes only the calling thread.
+        error = _drop_privileges(options)
+        if error:
+            log.error("%s", error)
+            probe.close()
+            return 1
     routes = Routes()
     context = SinkContext(latest=pipeline.latest, flush_now=pipeline.flush_now, routes=routes,
                           history=pipeline.history)
@@ -307,6 +325,25 @@ def cmd_serve(options: argparse.Namespace) -> int:
     server.stop()
     probe.close()
     return 0
+
+
+def _drop_privileges(options: argparse.Namespace) -> str | None:
+    from exporter.privileges import PrivilegeError, drop_capabilities, kept_after_attach
+    from exporter.web.config import WebConfigError
+    from exporter.web.server import parse_listen_address
+
+    try:
+        _, port = parse_listen_address(options.web_listen_address)
+    except WebConfigError:
+        port = None
+    kept = kept_after_attach(port)
+    for k in kept:
+        log.debug("keeping %s: %s", k.name, k.why)
+    try:
+        drop_capabilities(k.capability for k in kept)
+    except PrivilegeError as e:
+        return f"--drop-privileges: {e}"
+    return None
 
 
 def cmd_record(options: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from exporter.privileges import kept_after_attach
 from exporter.probe import kernel as k
 
 __all__ = ["run_doctor"]
@@ -34,8 +35,12 @@ def run_doctor(attach: str = "auto", load: bool = False, out: TextIO = sys.stdou
         _line(out, False, "capabilities", f"missing {', '.join(missing)} (or CAP_SYS_ADMIN): run as root")
     else:
         _line(out, True, "capabilities", "BPF and perf events allowed")
-    if k.CAP_SYS_PTRACE not in caps:
-        _line(out, None, "CAP_SYS_PTRACE", "missing: user stacks of other users' processes cannot be symbolized")
+    # What the attached exporter still uses (kept by --drop-privileges; see SECURITY.md).
+    for kept in kept_after_attach():
+        if kept.capability in caps:
+            _line(out, True, kept.name, f"kept by --drop-privileges to {kept.why}")
+        else:
+            _line(out, None, kept.name, f"missing: cannot {kept.why}")
     _line(out, facts.tracefs is not None, "tracefs", facts.tracefs or "mount -t tracefs tracefs /sys/kernel/tracing")
     _line(out, facts.btf, "BTF", "/sys/kernel/btf/vmlinux" if facts.btf else "absent (not needed by bcc)")
     _line(out, facts.sched_switch_tracepoint, "tracepoint sched:sched_switch",

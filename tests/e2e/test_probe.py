@@ -72,7 +72,11 @@ def test_perf_event_tracepoint_variant() -> None:
     samples = with_function(snap, "offcpu_sleep_ms", w.pid)
     assert "do_nanosleep" in _kernel_names(samples)
     assert total(samples).ns == pytest.approx(thread.blocked_off_ns, rel=0.05)
-    assert total([s for s in samples if s.reason is Reason.SLEEPING]).count == pytest.approx(thread.blocks, rel=0.02)
+    # The perf-event tracepoint shares one per-CPU guard (bpf_prog_active) with BPF map system
+    # calls of every BPF user on the machine: a switch can be skipped while such a call is
+    # preempted on that CPU (this is why the raw tracepoint is preferred). One in 40 is allowed.
+    sleeping = total([s for s in samples if s.reason is Reason.SLEEPING]).count
+    assert sleeping == pytest.approx(thread.blocks, rel=0.02, abs=1)
 
 
 def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe) -> None:

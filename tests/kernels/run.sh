@@ -50,9 +50,16 @@ done
 case "$attach" in kprobe | tracepoint | auto) ;; *) fail "--attach must be kprobe, tracepoint or auto, not '$attach'" ;; esac
 [[ "$timeout_s" =~ ^[1-9][0-9]*$ ]] || fail "--timeout must be a positive number of seconds, not '$timeout_s'"
 [ "$(id -u)" -eq 0 ] || fail "must run as root (installs packages, writes $cache)"
-# The guest mounts fresh tmpfs file systems there, which would hide the checkout.
-case "$project/" in /tmp/* | /var/tmp/* | /run/* | /dev/* | /proc/* | /sys/*)
-	fail "the project checkout ($project) must not live under /tmp, /var/tmp, /run, /dev, /proc or /sys" ;;
+# The guest mounts fresh file systems on these: a checkout under /tmp or /var/tmp is shared on its
+# own and mounted back over the guest's tmpfs; under the others it cannot be.
+project_share=()
+project_arg=""
+case "$project/" in
+/run/* | /dev/* | /proc/* | /sys/*)
+	fail "the project checkout ($project) must not live under /run, /dev, /proc or /sys" ;;
+/tmp/* | /var/tmp/*)
+	project_share=(-virtfs "local,path=$project,mount_tag=project,security_model=none,readonly=on,multidevs=remap")
+	project_arg=" offcpu.project=$project" ;;
 esac
 
 # --- host tools ------------------------------------------------------------------------------
@@ -207,9 +214,10 @@ t0=$(date +%s.%N)
 # not outlive this script when it is killed without a chance to clean up (SIGKILL).
 setpriv --pdeathsig KILL qemu-system-x86_64 -accel tcg -cpu max -m 2G -smp 2 -nographic -no-reboot -nic none \
 	-kernel "$xroot/boot/vmlinuz-$kernel" -initrd "$tmp/initrd.gz" \
-	-append "console=ttyS0 panic=-1 quiet offcpu.headers=$xroot" \
+	-append "console=ttyS0 panic=-1 quiet offcpu.headers=$xroot$project_arg" \
 	-virtfs "local,path=/,mount_tag=rootfs,security_model=none,readonly=on,multidevs=remap" \
 	-virtfs "local,path=$tmp/share,mount_tag=results,security_model=none,multidevs=remap" \
+	"${project_share[@]}" \
 	</dev/null >"$tmp/console.log" 2>&1 &
 qemu_pid=$!
 tail -n +1 -f --pid="$qemu_pid" "$tmp/share/output" &
