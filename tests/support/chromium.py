@@ -35,7 +35,8 @@ def _chromium() -> str:
         if found:
             return found
     # In CI a missing peer is a broken setup, not a reason to skip.
-    (pytest.fail if os.environ.get("CI") else pytest.skip)("no chromium (Debian chromium, installed by scripts/setup --test)")
+    missing = pytest.fail if os.environ.get("CI") else pytest.skip
+    missing("no chromium (Debian chromium, installed by scripts/setup --test)")
 
 
 def _run(url: str, *extra: str, size: tuple[int, int]) -> subprocess.CompletedProcess[str]:

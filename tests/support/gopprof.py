@@ -17,7 +17,8 @@ def go_pprof(tmp_path: Path, *args: str) -> str:
     go = shutil.which("go")
     if go is None:
         # In CI a missing peer is a broken setup, not a reason to skip.
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("go (Debian golang-go, installed by scripts/setup --test) is not on PATH")
+        missing = pytest.fail if os.environ.get("CI") else pytest.skip
+        missing("go (Debian golang-go, installed by scripts/setup --test) is not on PATH")
     env = dict(os.environ, HOME=str(tmp_path), GOCACHE=str(tmp_path / "gocache"), GOFLAGS="")
     done = subprocess.run(
         [go, "tool", "pprof", *args], capture_output=True, text=True, env=env, timeout=120, check=False
