@@ -10,6 +10,7 @@ The attach mode is OFFCPU_ATTACH (the kernel matrix runs this file in kprobe and
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
@@ -21,6 +22,16 @@ from tests.support.inprocess import ATTACH, running_pipeline, total, with_functi
 from tests.support.workloads import Workload
 
 pytestmark = pytest.mark.kernel
+
+# Under the kernel matrix's emulation (QEMU TCG, ~25x slower, emulated clocks) system calls and
+# wake-ups are slow enough that edge effects of a few ms show on 100 ms windows: the tolerances
+# double there, and say so in docs/kernel-matrix.md. On a real machine they are the issue's.
+EMULATED = "OFFCPU_GUEST_KERNEL" in os.environ
+TIME = 0.10 if EMULATED else 0.05  # off-CPU time against the workload's own timing
+WALL = 0.06 if EMULATED else 0.03  # on-CPU + off-CPU against wall time
+COUNT = 0.02  # switch counts against the workload's blocking calls
+SLACK = 1 if EMULATED else 0  # switches either way, on top
+EDGE = 0.05 if EMULATED else 0.01  # bounds that hold exactly but for clock edges
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +45,14 @@ def probe() -> Iterator[Probe]:
 
 def _kernel_names(samples):  # type: ignore[no-untyped-def]
     return {f.name.split(" ", 1)[0] for s in samples for f in s.stack.kernel}
+
+
+def _in_window(snap, tid):  # type: ignore[no-untyped-def]
+    """The thread's samples inside its measured window: the workload marks the window's edges with
+    offcpu_window_mark (an interval is charged when it ends), and its exit (do_exit) comes after."""
+    return [s for s in snap.samples if s.tid == tid
+            and not any(f.name == "offcpu_window_mark" for f in s.stack.user)
+            and "do_exit" not in _kernel_names([s])]
 
 
 def test_sleeping_thread_time_count_and_frames(probe: Probe) -> None:
@@ -53,8 +72,9 @@ def test_sleeping_thread_time_count_and_frames(probe: Probe) -> None:
     # The user half is our own frames from the leaf up: offcpu_sleep_ms <- sleep_worker <- thread_main.
     names = [f.name for f in samples[0].stack.user[:3]]
     assert names == ["offcpu_sleep_ms", "sleep_worker", "thread_main"], names
-    assert total([s for s in samples if s.reason is Reason.SLEEPING]).count == pytest.approx(thread.blocks, rel=0.02)
-    assert measured.ns == pytest.approx(thread.blocked_off_ns, rel=0.05)
+    sleeping = total([s for s in samples if s.reason is Reason.SLEEPING]).count
+    assert sleeping == pytest.approx(thread.blocks, rel=COUNT, abs=SLACK)
+    assert measured.ns == pytest.approx(thread.blocked_off_ns, rel=TIME)
 
 
 def test_perf_event_tracepoint_variant() -> None:
@@ -71,26 +91,24 @@ def test_perf_event_tracepoint_variant() -> None:
     thread = result.threads[0]
     samples = with_function(snap, "offcpu_sleep_ms", w.pid)
     assert "do_nanosleep" in _kernel_names(samples)
-    assert total(samples).ns == pytest.approx(thread.blocked_off_ns, rel=0.05)
+    assert total(samples).ns == pytest.approx(thread.blocked_off_ns, rel=TIME)
     # The perf-event tracepoint shares one per-CPU guard (bpf_prog_active) with BPF map system
     # calls of every BPF user on the machine: a switch can be skipped while such a call is
     # preempted on that CPU (this is why the raw tracepoint is preferred). One in 40 is allowed.
     sleeping = total([s for s in samples if s.reason is Reason.SLEEPING]).count
-    assert sleeping == pytest.approx(thread.blocks, rel=0.02, abs=1)
+    assert sleeping == pytest.approx(thread.blocks, rel=COUNT, abs=1 + SLACK)
 
 
 def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe) -> None:
-    with (Workload("mutex", threads=3, iterations=20, interval_ms=5) as w,
+    with (Workload("mutex", threads=3, iterations=40, interval_ms=5) as w,
           running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
         snap = p.flush_now()
     for thread in result.threads:
-        # A thread's exit (do_exit) comes after its last reading: not part of its measured wall time.
-        off = sum((s.total for s in snap.samples
-                   if s.tid == thread.tid and "do_exit" not in _kernel_names([s])), ZERO)
-        assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns, rel=0.03), thread
+        off = sum((s.total for s in _in_window(snap, thread.tid)), ZERO)
+        assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns, rel=WALL), thread
 
 
 @pytest.mark.parametrize("readers", [1, 2])
@@ -106,14 +124,14 @@ def test_pipe_reader_blocks_in_pipe_read(readers: int, probe: Probe) -> None:
     assert {"pipe_read", "anon_pipe_read"} & _kernel_names(samples), _kernel_names(samples)
     for thread in result.threads:
         mine = [s for s in samples if s.tid == thread.tid]
-        assert total(mine).ns == pytest.approx(thread.blocked_off_ns, rel=0.05), thread
+        assert total(mine).ns == pytest.approx(thread.blocked_off_ns, rel=TIME), thread
         if readers == 1:
             # Each read that found the pipe empty left the CPU once, sleeping (the workload checks
             # with FIONREAD before reading). Preemptions on a loaded machine add runnable switches
             # under the same user stack: the blocks are the sleeping ones. With two readers one byte
             # wakes both and the loser sleeps again in the same read: only time is exact there.
             blocks = total([s for s in mine if s.reason is Reason.SLEEPING])
-            assert blocks.count == pytest.approx(thread.blocks, rel=0.02, abs=1), thread
+            assert blocks.count == pytest.approx(thread.blocks, rel=COUNT, abs=1 + SLACK), thread
 
 
 def test_mutex_waiters_block_in_futex_wait(probe: Probe) -> None:
@@ -132,12 +150,12 @@ def test_mutex_waiters_block_in_futex_wait(probe: Probe) -> None:
         # The thread's own clock around the call also holds any preemption just before or after the
         # syscall (a lock holder spins on the CPU); that wait is in the thread's run-queue time
         # (schedstat) under another stack. So: named <= timed <= named + run-queue wait.
-        assert named.ns <= thread.blocked_off_ns * 1.01, thread
-        assert named.ns >= (thread.blocked_off_ns - thread.runq_ns) * 0.99, thread
+        assert named.ns <= thread.blocked_off_ns * (1 + EDGE), thread
+        assert named.ns >= (thread.blocked_off_ns - thread.runq_ns) * (1 - EDGE), thread
         # FUTEX_WAIT returns at once (EAGAIN) when the lock word changed before the call: such calls
         # never leave the CPU; the workload counts the others.
         blocks = total([s for s in samples if s.tid == thread.tid and s.reason is Reason.SLEEPING])
-        assert blocks.count == pytest.approx(thread.blocks, rel=0.02, abs=1), thread
+        assert blocks.count == pytest.approx(thread.blocks, rel=COUNT, abs=1 + SLACK), thread
 
 
 def test_short_lived_children_are_followed_and_named() -> None:
@@ -154,7 +172,7 @@ def test_short_lived_children_are_followed_and_named() -> None:
     assert w.pid not in children
     for pid in children:
         assert snap.processes[next(s.process for s in samples if s.process.pid == pid)].info.comm == "offcpu_workload"
-    assert total(samples).ns == pytest.approx(result.blocked_off_ns, rel=0.05)  # each child timed its sleep
+    assert total(samples).ns == pytest.approx(result.blocked_off_ns, rel=TIME)  # each child timed its sleep
     assert total([s for s in samples if s.reason is Reason.SLEEPING]).count == iterations
 
 
@@ -168,8 +186,8 @@ def test_per_process_aggregation_sums_threads_and_stacks_sum_to_process_total() 
     samples = with_function(snap, "offcpu_sleep_ms", w.pid)
     assert {s.tid for s in samples} == {0}
     blocks = total([s for s in samples if s.reason is Reason.SLEEPING]).count
-    assert blocks == pytest.approx(sum(t.blocks for t in result.threads), rel=0.02)
-    assert total(samples).ns == pytest.approx(result.blocked_off_ns, rel=0.05)
+    assert blocks == pytest.approx(sum(t.blocks for t in result.threads), rel=COUNT, abs=SLACK)
+    assert total(samples).ns == pytest.approx(result.blocked_off_ns, rel=TIME)
     for key, view in snap.processes.items():
         stacks = sum((s.total for s in snap.samples if s.process == key), ZERO)
         assert stacks == view.total
@@ -192,7 +210,7 @@ def test_process_matched_by_comm_after_start_and_increases_add_up(probe: Probe) 
     # The increases of every flush add up to the cumulative total: nothing lost between flushes.
     increases = sum((s.increase for snap in history for s in with_function(snap, "offcpu_sleep_ms", w.pid)), ZERO)
     assert increases == total(with_function(last, "offcpu_sleep_ms", w.pid))
-    assert increases.ns == pytest.approx(result.blocked_off_ns, rel=0.05)
+    assert increases.ns == pytest.approx(result.blocked_off_ns, rel=TIME)
     info = next(v.info for k, v in last.processes.items() if k.pid == w.pid)
     assert info.exited
 
@@ -207,9 +225,9 @@ def test_switch_counts_match_schedstat(probe: Probe) -> None:
         time.sleep(0.1)
         snap = p.flush_now()
     for thread in result.threads:
-        counted = sum((s.total for s in snap.samples if s.tid == thread.tid), ZERO).count
-        # The reads of schedstat sit one switch-in apart from the first and last counted intervals.
-        assert abs(counted - thread.switches) <= max(2, 0.02 * thread.switches), thread
+        counted = sum((s.total for s in _in_window(snap, thread.tid)), ZERO).count
+        # The schedstat reads sit inside the window, a switch or so from its edges.
+        assert abs(counted - thread.switches) <= max(2 + 2 * SLACK, COUNT * thread.switches), thread
 
 
 def test_block_duration_histogram(probe: Probe) -> None:
