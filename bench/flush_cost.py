@@ -34,9 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import BUILD, Result, Row, Stopwatch, build_c, shared, summary, write_outputs
+
+from tests.support.kernel_maps import KernelMaps
 
 TARGET_SECONDS = 0.200
 
@@ -232,55 +235,25 @@ def measure_one(stacks: int, flushes: int, interval: float, profile: bool, rate:
         proc.wait()
 
 
-class InMemoryMaps:
-    """What Aggregator reads of Probe, held in dicts: exactly N counters, each growing every flush,
-    so that the figure is the user-space cost alone, free of the kernel's preemption stacks."""
+class InMemoryMaps(KernelMaps):
+    """Exactly N counters, each growing every flush, so that the figure is the user-space cost
+    alone, free of the kernel's preemption stacks. Stacks are never freed, and stack id 1 << 20
+    (the kernel half of every key) reads as the shared kernel stack."""
 
     def __init__(self, stacks: int, depth: int = 18) -> None:
-        from exporter.probe.loader import ProbeConfig
-
-        self.config = ProbeConfig(max_counts=max(65536, 2 * stacks))
-        self.mode, self.hooked, self.attached = "tracepoint", ("sched:sched_switch",), True
+        super().__init__(max_counts=max(65536, 2 * stacks))
         self.stacks = {i: tuple(0x400000 + (i * depth + j) * 16 for j in range(depth)) for i in range(stacks)}
         self.stacks[-100] = tuple(0xFFFFFFFF81000000 + j * 64 for j in range(12))
         self.n = stacks
-        self.counts: dict[tuple[int, int, int, int, int], tuple[int, int]] = {}
 
     def bump(self, pid: int, r: int) -> None:
         for i in range(self.n):
             self.counts[(pid, 0, i, 1 << 20, 1)] = (r, r * 1_000_003 + i)
 
-    def read_counts(self):  # type: ignore[no-untyped-def]
-        return [(k, c, ns) for k, (c, ns) in self.counts.items()]
-
-    def take_counts(self, keys):  # type: ignore[no-untyped-def]
-        return {k: self.counts.pop(k) for k in list(keys) if k in self.counts}
-
     def stack(self, stack_id: int):  # type: ignore[no-untyped-def]
         return self.stacks[-100] if stack_id == 1 << 20 else self.stacks.get(stack_id)
 
     def delete_stacks(self, ids) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def pending_stack_ids(self) -> set[int]:
-        return set()
-
-    def read_hist(self) -> dict[int, list[int]]:
-        return {}
-
-    def delete_hist(self, tgid: int) -> None:
-        pass
-
-    def stats(self) -> list[int]:
-        return [0] * 5
-
-    def map_sizes(self, counts_entries: int):  # type: ignore[no-untyped-def]
-        return {"counts": (counts_entries, self.config.max_counts)}
-
-    def children(self):  # type: ignore[no-untyped-def]
-        return {}
-
-    def forget_child(self, tgid: int) -> None:
         pass
 
 

@@ -19,56 +19,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import MappingProxyType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exporter.sinks.otlp.profiles_encode import EncodeOptions, encode_profiles
-from exporter.snapshot import (
-    Counter,
-    Frame,
-    FrameKind,
-    Health,
-    ProcessInfo,
-    ProcessKey,
-    ProcessView,
-    Reason,
-    Snapshot,
-    Stack,
-    StackSample,
-)
-
-
-def synthetic(processes: int, stacks: int, depth: int, shared: bool = False) -> Snapshot:
-    """shared=False: every stack has frames of its own (the worst case: as many locations as
-    frames); shared=True: the user frames of a process come from a pool of 60 functions, as
-    real call trees share their callers."""
-    kernel = tuple(Frame(f"kfunc_{i}", FrameKind.KERNEL, "[kernel]", 0x1000 + i) for i in range(8))
-    libc = tuple(Frame(f"libc_{i}", FrameKind.NATIVE, "/usr/lib/libc.so.6", 0x2000 + i, "ab" * 20) for i in range(4))
-    samples, views = [], {}
-    for p in range(processes):
-        key = ProcessKey(1000 + p, p)
-        info = ProcessInfo(key=key, comm=f"app{p}", exe=f"/usr/bin/app{p}")
-        total = Counter()
-        for s in range(stacks):
-            n_user = max(1, depth - len(kernel) - len(libc))
-            if shared:  # a distinct leaf, callers from the pool
-                ids = [60 + s] + [(s * 7 + d * 13) % 60 for d in range(1, n_user)]
-            else:
-                ids = [1000 + s * 64 + d for d in range(n_user)]
-            user = (
-                tuple(Frame(f"app{p}_fn_{i}", FrameKind.NATIVE, info.exe, 0x400000 + i, "cd" * 20) for i in ids) + libc
-            )
-            inc = Counter(3 + s, 1_000_000 * (s + 1))
-            samples.append(
-                StackSample(key, 2000 + s % 8, f"worker-{s % 8}", Reason.SLEEPING, Stack(user, kernel), inc, inc)
-            )
-            total = total + inc
-        views[key] = ProcessView(info, total, MappingProxyType({Reason.SLEEPING: total}))
-    now = 1_800_000_000_000_000_000
-    return Snapshot(
-        2, now, now - 5_000_000_000, now - 10_000_000_000, MappingProxyType(views), tuple(samples), Health()
-    )
+from exporter.snapshot import Snapshot
+from tests.support.snapshots import many_process_snapshot
 
 
 def measure(snapshot: Snapshot, options: EncodeOptions, repeat: int) -> tuple[float, int, int]:
@@ -94,7 +50,7 @@ def main() -> None:
     print(f"{n} stacks ({args.processes} processes x {args.stacks}), {args.depth} frames each")
     worst = 0.0
     for shared in (False, True):
-        snap = synthetic(args.processes, args.stacks, args.depth, shared)
+        snap = many_process_snapshot(args.processes, args.stacks, args.depth, shared)
         print("  frames shared between stacks (typical)" if shared else "  every frame distinct (worst case)")
         rows = []
         for label, switches in (("off_cpu only", False), ("off_cpu + off_cpu_switches", True)):

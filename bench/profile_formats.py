@@ -22,56 +22,11 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exporter.formats import Profile, render
-from exporter.snapshot import (
-    Counter,
-    Frame,
-    FrameKind,
-    Health,
-    ProcessInfo,
-    ProcessKey,
-    ProcessView,
-    Reason,
-    Snapshot,
-    Stack,
-    StackSample,
-)
-
-
-def history(processes: int, stacks: int, depth: int, snapshots: int) -> list[Snapshot]:
-    kernel = tuple(Frame(f"kernel_fn_{i}", FrameKind.KERNEL, "[kernel]", 0xFFFFFFFF81000000 + i) for i in range(12))
-    libc = tuple(Frame(f"libc_fn_{i}", FrameKind.NATIVE, "/usr/lib/libc.so.6", 0x1000 + i) for i in range(4))
-    rows = []
-    views = {}
-    for p in range(processes):
-        info = ProcessInfo(ProcessKey(1000 + p, p), f"app{p % 20}", exe=f"/usr/bin/app{p % 20}")
-        views[info.key] = ProcessView(info, Counter(), MappingProxyType({}))
-        for s in range(stacks):
-            # As in real programs, stacks of a process share their outer frames (main, the event
-            # loop, ...) and differ towards the leaf: `shared` outer frames, the rest per stack.
-            shared = (depth - len(libc)) // 2
-            own = tuple(
-                Frame(
-                    f"app{p % 20}_fn_{d if d < shared else (s * 7 + d) % 400}", FrameKind.NATIVE, info.exe, 0x4000 + d
-                )
-                for d in range(depth - len(libc))
-            )
-            stack = Stack(user=(*libc[: 1 + s % 3], *own), kernel=kernel[: 4 + s % 8])
-            rows.append((info.key, 1000 + p + s % 4, Reason(s % 3), stack))
-    out = []
-    for n in range(1, snapshots + 1):
-        inc = Counter(3, 7_000_000)
-        samples = tuple(
-            StackSample(key, tid, "worker", reason, stack, Counter(3 * n, 7_000_000 * n), inc)
-            for key, tid, reason, stack in rows
-        )
-        t = n * 5_000_000_000
-        out.append(Snapshot(n, t, t - 5_000_000_000, 0, MappingProxyType(views), samples, Health()))
-    return out
+from tests.support.snapshots import snapshot_history
 
 
 def timed(fn: Callable[[], object], repeat: int = 3) -> tuple[float, object]:
@@ -90,7 +45,7 @@ def main() -> int:
     parser.add_argument("--depth", type=int, default=30)
     parser.add_argument("--snapshots", type=int, default=180)
     args = parser.parse_args()
-    snaps = history(args.processes, args.stacks, args.depth, args.snapshots)
+    snaps = snapshot_history(args.processes, args.stacks, args.depth, args.snapshots)
     rows = len(snaps[-1].samples)
     print(
         f"{args.processes} processes x {args.stacks} stacks = {rows} rows, depth {args.depth}, {len(snaps)} snapshots"

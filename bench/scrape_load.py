@@ -20,72 +20,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import MappingProxyType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exporter.sinks import SinkContext
 from exporter.sinks.prometheus import PrometheusSink
-from exporter.snapshot import (
-    Counter,
-    Frame,
-    FrameKind,
-    Health,
-    ProcessInfo,
-    ProcessKey,
-    ProcessView,
-    Reason,
-    Snapshot,
-    Stack,
-    StackSample,
-)
 from exporter.web import Routes
 from exporter.web.server import WebOptions, WebServer
-
-
-def synthetic_snapshot(sequence: int, processes: int, stacks_per_process: int) -> Snapshot:
-    views = {}
-    samples = []
-    for p in range(processes):
-        key = ProcessKey(10_000 + p, 1000 + p)
-        info = ProcessInfo(
-            key, f"worker-{p}", exe=f"/usr/bin/worker-{p}", namespace="prod", pod=f"app-{p % 40}", container="app"
-        )
-        by_reason: dict[Reason, Counter] = {}
-        total = Counter()
-        for s in range(stacks_per_process):
-            stack = Stack(
-                user=(Frame(f"wait_for_{s}", FrameKind.NATIVE, "/usr/bin/app"), Frame("main", FrameKind.NATIVE)),
-                kernel=(
-                    Frame("finish_task_switch.isra.0", FrameKind.KERNEL),
-                    Frame("__schedule", FrameKind.KERNEL),
-                    Frame(("futex_wait", "do_nanosleep", "ep_poll", "pipe_read")[s % 4], FrameKind.KERNEL),
-                ),
-            )
-            reason = Reason(s % 3)
-            c = Counter(sequence * (s + 1) * 7, sequence * (s + 1) * 13_000_017)
-            samples.append(StackSample(key, 0, "t", reason, stack, c, Counter()))
-            by_reason[reason] = by_reason.get(reason, Counter()) + c
-            total += c
-        hist = tuple(sequence * ((i * 7 + p) % 11) for i in range(27))
-        views[key] = ProcessView(info, total, MappingProxyType(by_reason), hist)
-    health = Health(
-        attach_mode="tracepoint",
-        hooked_symbols=("sched:sched_switch",),
-        probe_attached=True,
-        flushes=sequence,
-        targets=processes,
-    )
-    now = time.time_ns()
-    return Snapshot(
-        sequence,
-        now,
-        now - 5_000_000_000,
-        now - sequence * 5_000_000_000,
-        MappingProxyType(views),
-        tuple(samples),
-        health,
-    )
+from tests.support.snapshots import scrape_snapshot
 
 
 def client_process(port: int, threads: int, stop_at: float, max_requests: int, out: mp.Queue) -> None:
@@ -129,7 +71,7 @@ def client_process(port: int, threads: int, stop_at: float, max_requests: int, o
 
 
 def run(label: str, args: argparse.Namespace, cache: bool) -> dict[str, float]:
-    current = [synthetic_snapshot(1, args.processes, args.stacks)]
+    current = [scrape_snapshot(1, args.processes, args.stacks)]
     routes = Routes()
     ctx = SinkContext(latest=lambda: current[0], flush_now=lambda t: current[0], routes=routes)
     sink = PrometheusSink(ctx, top_stacks=args.stacks, max_processes=args.processes)
@@ -147,7 +89,7 @@ def run(label: str, args: argparse.Namespace, cache: bool) -> dict[str, float]:
         seq = 1
         while not stop.wait(5.0):
             seq += 1
-            current[0] = synthetic_snapshot(seq, args.processes, args.stacks)
+            current[0] = scrape_snapshot(seq, args.processes, args.stacks)
 
     threading.Thread(target=flusher, daemon=True).start()
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)

@@ -24,7 +24,7 @@ from exporter.sinks.skywalking import SkyWalkingSink, add_arguments
 from exporter.sinks.skywalking.encode import encode_snapshot
 from exporter.sinks.skywalking.file import FileTransport
 from exporter.snapshot import Counter, Frame, FrameKind, Stack
-from tests.support.otlp_snapshots import process, sample, snapshot
+from tests.support.snapshots import process, sample, snapshot
 
 FLUSH_S = 5.0
 

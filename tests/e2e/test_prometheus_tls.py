@@ -17,7 +17,7 @@ from exporter.sinks.prometheus import PrometheusSink
 from exporter.web import Routes
 from exporter.web.server import WebOptions, WebServer
 from tests.e2e.prometheus_server import PrometheusServer, scrape_config
-from tests.unit.sinks.prometheus_snapshots import Builder, many_stacks, process
+from tests.support.snapshots import Builder, many_stacks, process
 
 PASSWORD = "correct horse"
 

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.sinks.prometheus.collector import OffCPUCollector
 from exporter.sinks.prometheus.selection import Selection
-from tests.unit.sinks.prometheus_snapshots import Builder, process, stack
+from tests.support.snapshots import Builder, process, stack
 
 SECRET = "hunter2-s3cr3t"
 

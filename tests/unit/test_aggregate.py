@@ -9,56 +9,10 @@ from pathlib import Path
 import pytest
 
 from exporter.aggregate import AggregateConfig, Aggregator, increase
-from exporter.probe.loader import ProbeConfig, RawKey
+from exporter.probe.loader import RawKey
 from exporter.snapshot import ZERO, Counter, Frame, FrameKind, Reason
 from exporter.targets import ProcessTable, TargetRules
-
-
-class KernelMaps:
-    """What Aggregator needs of Probe, held in dicts."""
-
-    def __init__(self, max_counts: int = 100) -> None:
-        self.config = ProbeConfig(max_counts=max_counts)
-        self.counts: dict[RawKey, tuple[int, int]] = {}
-        self.stacks: dict[int, tuple[int, ...]] = {}
-        self.deleted_stacks: set[int] = set()
-        self.pending: set[int] = set()
-        self.mode, self.hooked, self.attached = "tracepoint", ("sched:sched_switch",), True
-
-    def read_counts(self):  # type: ignore[no-untyped-def]
-        return [(k, c, ns) for k, (c, ns) in self.counts.items()]
-
-    def take_counts(self, keys):  # type: ignore[no-untyped-def]
-        return {k: self.counts.pop(k) for k in list(keys) if k in self.counts}
-
-    def stack(self, stack_id: int):  # type: ignore[no-untyped-def]
-        return self.stacks.get(stack_id)
-
-    def delete_stacks(self, ids) -> None:  # type: ignore[no-untyped-def]
-        for sid in ids:
-            self.stacks.pop(sid, None)
-            self.deleted_stacks.add(sid)
-
-    def pending_stack_ids(self) -> set[int]:
-        return self.pending
-
-    def read_hist(self) -> dict[int, list[int]]:
-        return {}
-
-    def delete_hist(self, tgid: int) -> None:
-        pass
-
-    def stats(self) -> list[int]:
-        return [0] * 5
-
-    def map_sizes(self, counts_entries: int):  # type: ignore[no-untyped-def]
-        return {"counts": (counts_entries, self.config.max_counts)}
-
-    def children(self):  # type: ignore[no-untyped-def]
-        return {}
-
-    def forget_child(self, tgid: int) -> None:
-        pass
+from tests.support.kernel_maps import KernelMaps
 
 
 class Names:

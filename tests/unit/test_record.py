@@ -8,7 +8,7 @@ import pytest
 
 from exporter import cli
 from exporter.record import Progress, RecordSink
-from tests.unit.formats.synthetic import make_after, make_before, snapshot
+from tests.support.snapshots import make_after, make_before, workload_snapshot
 
 
 class Terminal(io.StringIO):
@@ -19,7 +19,7 @@ class Terminal(io.StringIO):
 def test_record_sink_sums_increases_and_keeps_exited_processes() -> None:
     sink = RecordSink()
     before, after = make_before(), make_after()
-    gone = snapshot(3, [])  # every process gone from the outputs
+    gone = workload_snapshot(3, [])  # every process gone from the outputs
     for s in (before, after, after, gone):  # the same snapshot twice counts once
         sink.publish(s)
     profile = sink.profile("test")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from exporter.snapshot import Snapshot
-from tests.unit.formats.synthetic import make_after, make_before
+from tests.support.snapshots import make_after, make_before
 
 
 @pytest.fixture

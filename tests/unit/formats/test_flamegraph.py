@@ -10,7 +10,7 @@ from exporter.formats import Profile, render
 from exporter.formats import flamegraph as flamegraph_format
 from exporter.snapshot import Counter, Frame, FrameKind, Reason, Snapshot, Stack
 from tests.support import chromium
-from tests.unit.formats.synthetic import OTHER, snapshot
+from tests.support.snapshots import OTHER, workload_snapshot
 
 ARTIFACTS = Path(__file__).resolve().parents[3] / "artifacts"
 
@@ -39,7 +39,7 @@ def test_tree(before: Snapshot, after: Snapshot) -> None:
 
 def test_page_is_self_contained_and_escaped(before: Snapshot) -> None:
     evil = Stack(user=(Frame("</script><img src=x onerror=alert(1)>", FrameKind.NATIVE, "/x", 1),), kernel=())
-    snap = snapshot(1, [(OTHER, 1, "t", Reason.SLEEPING, evil, Counter(1, 10**6), Counter(1, 10**6))])
+    snap = workload_snapshot(1, [(OTHER, 1, "t", Reason.SLEEPING, evil, Counter(1, 10**6), Counter(1, 10**6))])
     page = render("html", Profile.since_previous(snap)).decode()
     assert "</script><img" not in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "the page must not load anything"

@@ -10,7 +10,7 @@ from exporter.formats import pprof as pprof_format
 from exporter.formats.proto import profile_pb2 as pb
 from exporter.snapshot import Snapshot
 from tests.support.gopprof import go_pprof, top_cum
-from tests.unit.formats.synthetic import BUILD_ID, EXE, SLEEP, T0
+from tests.support.snapshots import BUILD_ID, EXE, T0, WORKLOAD_SLEEP
 
 
 def decode(data: bytes) -> pb.Profile:
@@ -72,7 +72,7 @@ def test_values_labels_and_frame_order(before: Snapshot, after: Snapshot) -> Non
     assert len(sleep) == 1
     frames, values, labels = sleep[0]
     assert values == [1_500_000_000, 15]
-    assert frames == [f.name for f in SLEEP.leaf_to_root()]  # leaf (kernel) first, user root last
+    assert frames == [f.name for f in WORKLOAD_SLEEP.leaf_to_root()]  # leaf (kernel) first, user root last
     assert labels == {
         "pid": "4242",
         "comm": "offcpu_workload",

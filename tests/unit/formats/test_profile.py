@@ -7,7 +7,7 @@ import pytest
 
 from exporter.formats import Profile, ProfileFilter
 from exporter.snapshot import Counter, Reason, Snapshot
-from tests.unit.formats.synthetic import LOCK, OTHER, SLEEP, WORKLOAD, snapshot
+from tests.support.snapshots import OTHER, WORKLOAD, WORKLOAD_LOCK, WORKLOAD_SLEEP, workload_snapshot
 
 
 def values(profile: Profile) -> dict[tuple[int, int], Counter]:
@@ -28,15 +28,17 @@ def test_between_differences_cumulative_totals(before: Snapshot, after: Snapshot
 
 
 def test_counter_reset_counts_the_new_total(before: Snapshot) -> None:
-    restarted = snapshot(9, [(WORKLOAD, 4242, "w", Reason.SLEEPING, SLEEP, Counter(2, 100), Counter(2, 100))])
+    restarted = workload_snapshot(
+        9, [(WORKLOAD, 4242, "w", Reason.SLEEPING, WORKLOAD_SLEEP, Counter(2, 100), Counter(2, 100))]
+    )
     assert values(Profile.between(before, restarted)) == {(4242, 4242): Counter(2, 100)}
 
 
 def test_over_sums_increases_and_keeps_vanished_rows(before: Snapshot, after: Snapshot) -> None:
     # A third snapshot in which the OTHER process exited and is gone.
-    third = snapshot(
+    third = workload_snapshot(
         3,
-        [(WORKLOAD, 4242, "w", Reason.SLEEPING, SLEEP, Counter(26, 2_600_000_000), Counter(1, 100_000_000))],
+        [(WORKLOAD, 4242, "w", Reason.SLEEPING, WORKLOAD_SLEEP, Counter(26, 2_600_000_000), Counter(1, 100_000_000))],
     )
     p = Profile.over([third, before, after])  # order does not matter
     v = values(p)
@@ -70,4 +72,4 @@ def test_unknown_process_gets_a_placeholder_name(after: Snapshot) -> None:
     snap = replace(after, processes={})
     p = Profile.since_previous(snap)
     assert {i.comm for i in p.processes.values()} == {"[pid 4242]", "[pid 777]"}
-    assert LOCK not in {s.stack for s in p.samples}  # no increase, not in the profile
+    assert WORKLOAD_LOCK not in {s.stack for s in p.samples}  # no increase, not in the profile

@@ -3,7 +3,7 @@ from __future__ import annotations
 from exporter.formats import Profile, render
 from exporter.formats import text as text_format
 from exporter.snapshot import Snapshot
-from tests.unit.formats.synthetic import PIPE, SLEEP
+from tests.support.snapshots import WORKLOAD_PIPE, WORKLOAD_SLEEP
 
 
 def test_bcc_layout(before: Snapshot, after: Snapshot) -> None:
@@ -16,9 +16,10 @@ def test_bcc_layout(before: Snapshot, after: Snapshot) -> None:
     assert who.split()[:3] == ["-", "offcpu_workload", "(4242)"]
     assert "[sleeping, 15 switches]" in who
     frames = [
-        line.strip() for line in lines[block_end - 2 - len(SLEEP.kernel) - 1 - len(SLEEP.user) + 1 : block_end - 1]
+        line.strip()
+        for line in lines[block_end - 2 - len(WORKLOAD_SLEEP.kernel) - 1 - len(WORKLOAD_SLEEP.user) + 1 : block_end - 1]
     ]
-    assert frames == [f.name for f in SLEEP.kernel] + ["--"] + [f.name for f in SLEEP.user]
+    assert frames == [f.name for f in WORKLOAD_SLEEP.kernel] + ["--"] + [f.name for f in WORKLOAD_SLEEP.user]
     assert "2 processes, off-CPU total:" in lines
     assert "    offcpu_workload (4242): 1751235 us, 22 switches" in lines
     assert "    other<script> (777): 40000 us, 2 switches" in lines
@@ -27,5 +28,5 @@ def test_bcc_layout(before: Snapshot, after: Snapshot) -> None:
 def test_top_limits_the_stacks(before: Snapshot, after: Snapshot) -> None:
     out = text_format.encode(Profile.between(before, after), top=2).decode()
     assert "2 smaller stacks not shown (of 4)." in out
-    assert PIPE.user[0].name in out  # the second largest is kept
+    assert WORKLOAD_PIPE.user[0].name in out  # the second largest is kept
     assert "[lost user stack]" not in out

@@ -17,7 +17,7 @@ from exporter.sinks import SinkContext
 from exporter.sinks import pprof as pprof_sink
 from exporter.snapshot import Counter, Snapshot
 from exporter.web import Request, Response, Routes
-from tests.unit.formats.synthetic import WORKLOAD, make_after, make_before, snapshot
+from tests.support.snapshots import WORKLOAD, make_after, make_before, workload_snapshot
 
 
 class Source:
@@ -105,7 +105,7 @@ def test_profile_sums_the_history_between_its_flushes() -> None:
     # snapshot (3) the OTHER process's rows are gone, but the history still has its increase.
     before, middle = make_before(), make_after()
     gone = tuple(replace(s, increase=Counter()) for s in middle.samples if s.process == WORKLOAD.key)
-    last = replace(snapshot(3, []), samples=gone)
+    last = replace(workload_snapshot(3, []), samples=gone)
     for history, expected in ((True, [40_000_499, 2]), (False, None)):
         source = Source(before, middle, last, history=history, steps=[1, 2])
         _, routes = make_sink(source)

@@ -21,7 +21,7 @@ from exporter.sinks.prometheus.exposition import ExpositionCache
 from exporter.sinks.prometheus.selection import Selection
 from exporter.snapshot import HISTOGRAM_BUCKETS_US, Health, Reason, Snapshot
 from exporter.web import Request, Routes
-from tests.unit.sinks.prometheus_snapshots import SEC, Builder, many_stacks, process, stack
+from tests.support.snapshots import SEC, Builder, many_stacks, process, stack
 
 
 def render(
@@ -183,7 +183,7 @@ def test_folded_processes_counter_survives_their_exit_and_restart_is_a_new_serie
     assert by(text, "offcpu_seconds_total", "pid")["other"] == pytest.approx(2.0)
     # The selected process exits and restarts under a new pid: new series, its slot is free again.
     b.remove(big.key)
-    again = process(11, "big", start=5000)
+    again = process(11, "big", start_ticks=5000)
     b.add(again, stack("a"), 0.5)
     text = render(b, selection=sel)
     pids = by(text, "offcpu_seconds_total", "pid")
@@ -198,8 +198,8 @@ def test_exited_process_in_grace_period_is_still_exported() -> None:
 
 def test_reused_pid_exports_the_live_process_only() -> None:
     b = Builder()
-    b.add(process(50, "old", start=10, exited=True), stack("x"), 3.0)
-    b.add(process(50, "new", start=99), stack("x"), 1.0)
+    b.add(process(50, "old", start_ticks=10, exited=True), stack("x"), 3.0)
+    b.add(process(50, "new", start_ticks=99), stack("x"), 1.0)
     text = render(b)
     assert by(text, "offcpu_seconds_total", "comm") == {"new": 1.0}
 

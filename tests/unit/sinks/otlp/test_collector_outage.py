@@ -18,7 +18,7 @@ from tests.support.otlp_metrics import points
 from tests.support.otlp_profiles import check_request, decode
 from tests.support.otlp_receivers import GrpcReceiver
 from tests.support.otlp_sink import sink_from_args
-from tests.support.otlp_snapshots import two_process_snapshot
+from tests.support.snapshots import two_process_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

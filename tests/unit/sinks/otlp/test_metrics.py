@@ -15,7 +15,7 @@ from exporter.snapshot import Counter, Frame, FrameKind, ProcessInfo, ProcessKey
 from tests.support.otlp_metrics import points, resource_of
 from tests.support.otlp_receivers import GrpcReceiver, HttpReceiver
 from tests.support.otlp_sink import sink_from_args
-from tests.support.otlp_snapshots import APP, DB, snapshot_of, two_process_snapshot
+from tests.support.snapshots import APP, DB, snapshot_of, two_process_snapshot
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,7 +19,7 @@ from exporter.sinks.otlp.profiles_encode import (
 )
 from exporter.snapshot import Counter, Reason
 from tests.support.otlp_profiles import check_request, decode
-from tests.support.otlp_snapshots import (
+from tests.support.snapshots import (
     APP,
     DB,
     STACK_LOCK,

@@ -20,7 +20,7 @@ from exporter.sinks.skywalking.encode import (
 )
 from exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
 from exporter.snapshot import Counter, Reason, Stack
-from tests.support.synthetic_snapshots import (
+from tests.support.snapshots import (
     EMPTY,
     KERNEL_ONLY,
     LOST_USER,

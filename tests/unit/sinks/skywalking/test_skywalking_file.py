@@ -17,7 +17,7 @@ from exporter.sinks.skywalking.dump import dump
 from exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
 from exporter.snapshot import Snapshot
 from exporter.web import Routes
-from tests.support.synthetic_snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
+from tests.support.snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
 
 APP = process(4242, "app")
 

@@ -20,7 +20,7 @@ from exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
 from exporter.snapshot import Snapshot
 from exporter.web import Routes
 from tests.support.skywalking_oap import FakeOap, Task, oap_process_id
-from tests.support.synthetic_snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
+from tests.support.snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
 
 pytestmark = pytest.mark.timeout(60)
 
