@@ -215,7 +215,9 @@ class ProcessTable:
             self._last_exited[pid] = key
             return info
         info = self.enrich(info)
-        self._by_pid[pid] = _Entry(info, watched=self.rules.follow_children and parent is not None)
+        # With --all every live process the kernel counted is a target; else only followed children.
+        watched = self.rules.watch_all or (self.rules.follow_children and parent is not None)
+        self._by_pid[pid] = _Entry(info, watched=watched)
         return info
 
     def info(self, pid: int) -> ProcessInfo | None:
