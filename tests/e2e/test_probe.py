@@ -184,6 +184,7 @@ def test_per_process_aggregation_sums_threads_and_stacks_sum_to_process_total() 
         time.sleep(0.1)
         snap = p.flush_now()
     samples = with_function(snap, "offcpu_sleep_ms", w.pid)
+    assert samples, [(s.process.pid, s.total, s.stack.folded()) for s in snap.samples]
     assert {s.tid for s in samples} == {0}
     blocks = total([s for s in samples if s.reason is Reason.SLEEPING]).count
     assert blocks == pytest.approx(sum(t.blocks for t in result.threads), rel=COUNT, abs=SLACK)
@@ -216,18 +217,26 @@ def test_process_matched_by_comm_after_start_and_increases_add_up(probe: Probe) 
 
 
 def test_switch_counts_match_schedstat(probe: Probe) -> None:
-    """Every time a thread ran again after leaving the CPU, the probe saw one switch: the kernel's
-    own count of a thread's runs (schedstat field 3) is the ground truth, immune to CPU load."""
+    """The kernel's own count of a thread's runs (schedstat field 3) against the probe's switches.
+    Newer kernels (6.18 here) count every switch-in there; 6.1 counts only those after a wake-up
+    (a preempted task is re-queued without the timestamp sched_info_arrive() needs). So it lies
+    between the probe's blocking switches and all its switches: fewer means lost blocks, more means
+    lost or doubled switches. Immune to CPU load."""
     with (Workload("mutex", threads=3, iterations=20, interval_ms=5) as w,
           running_pipeline(pids=(w.pid,), probe=probe) as p):
         w.go()
         result = w.wait()
         time.sleep(0.1)
         snap = p.flush_now()
+    slack = 2 + 2 * SLACK  # the schedstat reads sit inside the window, a switch or so from its edges
     for thread in result.threads:
-        counted = sum((s.total for s in _in_window(snap, thread.tid)), ZERO).count
-        # The schedstat reads sit inside the window, a switch or so from its edges.
-        assert abs(counted - thread.switches) <= max(2 + 2 * SLACK, COUNT * thread.switches), thread
+        window = _in_window(snap, thread.tid)
+        every = total(window).count
+        blocking = total([s for s in window if s.reason is not Reason.RUNNABLE]).count
+        assert blocking - slack <= thread.switches <= every + slack, (blocking, every, thread)
+        if not EMULATED:
+            # This machine's kernel counts preemptions too: all switches, one for one.
+            assert abs(every - thread.switches) <= max(slack, COUNT * thread.switches), thread
 
 
 def test_block_duration_histogram(probe: Probe) -> None:
