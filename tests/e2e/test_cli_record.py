@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.exporter import ROOT
-from tests.support.inprocess import running_pipeline, total, with_function
+from tests.support.inprocess import FLUSH_TIMEOUT, running_pipeline, total, with_function
 from tests.support.workloads import Workload
 
 pytestmark = pytest.mark.kernel
@@ -77,7 +77,7 @@ def test_min_block_filters_short_blocks_in_the_kernel() -> None:
           running_pipeline(pids=(w.pid,), probe_config=config) as p):
         w.go()
         result = w.wait()
-        snap = p.flush_now()
+        snap = p.flush_now(FLUSH_TIMEOUT)
         stats = p.probe.stats()
     kept = total(with_function(snap, "offcpu_sleep_ms", w.pid)).count
     long_calls = sum(result.threads[0].hist[16:])

@@ -18,7 +18,7 @@ import pytest
 
 from exporter.probe.loader import Probe, ProbeConfig
 from exporter.snapshot import ZERO, Reason
-from tests.support.inprocess import ATTACH, running_pipeline, total, with_function
+from tests.support.inprocess import ATTACH, FLUSH_TIMEOUT, running_pipeline, total, with_function
 from tests.support.workloads import Workload
 
 pytestmark = pytest.mark.kernel
@@ -63,7 +63,7 @@ def test_sleeping_thread_time_count_and_frames(probe: Probe) -> None:
         w.go()
         result = w.wait()
         time.sleep(0.1)
-        snap = p.flush_now()
+        snap = p.flush_now(FLUSH_TIMEOUT)
     thread = result.threads[0]
     samples = with_function(snap, "offcpu_sleep_ms", w.pid)
     assert samples, f"offcpu_sleep_ms not found; stacks: {[s.stack.folded() for s in snap.samples]}"
@@ -89,7 +89,7 @@ def test_perf_event_tracepoint_variant() -> None:
         assert p.probe.hooked == ("sched:sched_switch",)
         w.go()
         result = w.wait()
-        snap = p.flush_now()
+        snap = p.flush_now(FLUSH_TIMEOUT)
     thread = result.threads[0]
     samples = with_function(snap, "offcpu_sleep_ms", w.pid)
     assert "do_nanosleep" in _kernel_names(samples)
@@ -107,7 +107,7 @@ def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe) -> None:
         w.go()
         result = w.wait()
         time.sleep(0.1)
-        snap = p.flush_now()
+        snap = p.flush_now(FLUSH_TIMEOUT)
     for thread in result.threads:
         off = sum((s.total for s in _in_window(snap, thread.tid)), ZERO)
         assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns, rel=WALL), thread
@@ -120,7 +120,7 @@ def test_pipe_reader_blocks_in_pipe_read(readers: int, probe: Probe) -> None:
         w.go()
         result = w.wait()
         time.sleep(0.1)
-        snap = p.flush_now()
+        snap = p.flush_now(FLUSH_TIMEOUT)
     samples = with_function(snap, "offcpu_pipe_read", w.pid)
     # pipe_read was renamed anon_pipe_read in 6.16.
     assert {"pipe_read", "anon_pipe_read"} & _kernel_names(samples), _kernel_names(samples)
@@ -142,7 +142,7 @@ def test_mutex_waiters_block_in_futex_wait(probe: Probe) -> None:
         w.go()
         result = w.wait()
         time.sleep(0.1)
-        snap = p.flush_now()
+        snap = p.flush_now(FLUSH_TIMEOUT)
     samples = with_function(snap, "offcpu_lock_wait", w.pid)
     assert samples, [(s.tid, s.stack.folded()) for s in snap.samples]
     assert any(name.startswith("futex_wait") for name in _kernel_names(samples)), _kernel_names(samples)
@@ -167,7 +167,7 @@ def test_short_lived_children_are_followed_and_named() -> None:
         w.go()
         result = w.wait()
         time.sleep(0.1)
-        snap = p.flush_now()
+        snap = p.flush_now(FLUSH_TIMEOUT)
     samples = with_function(snap, "offcpu_child_sleep")
     children = {s.process.pid for s in samples}
     assert len(children) == iterations, children
@@ -184,7 +184,7 @@ def test_per_process_aggregation_sums_threads_and_stacks_sum_to_process_total() 
         w.go()
         result = w.wait()
         time.sleep(0.1)
-        snap = p.flush_now()
+        snap = p.flush_now(FLUSH_TIMEOUT)
     samples = with_function(snap, "offcpu_sleep_ms", w.pid)
     assert samples, [(s.process.pid, s.total, s.stack.folded()) for s in snap.samples]
     assert {s.tid for s in samples} == {0}
@@ -207,7 +207,7 @@ def test_process_matched_by_comm_after_start_and_increases_add_up(probe: Probe) 
         w.go()
         result = w.wait()
         time.sleep(0.6)  # a targets refresh (every 0.2 s here) notices the exit
-        last = p.flush_now()
+        last = p.flush_now(FLUSH_TIMEOUT)
         history = p.history(600)
     assert len(history) >= 2
     # The increases of every flush add up to the cumulative total: nothing lost between flushes.
@@ -229,7 +229,7 @@ def test_switch_counts_match_schedstat(probe: Probe) -> None:
         w.go()
         result = w.wait()
         time.sleep(0.1)
-        snap = p.flush_now()
+        snap = p.flush_now(FLUSH_TIMEOUT)
     slack = 2 + 2 * SLACK  # the schedstat reads sit inside the window, a switch or so from its edges
     for thread in result.threads:
         window = _in_window(snap, thread.tid)
@@ -247,7 +247,7 @@ def test_block_duration_histogram(probe: Probe) -> None:
         w.go()
         result = w.wait()
         time.sleep(0.1)
-        snap = p.flush_now()
+        snap = p.flush_now(FLUSH_TIMEOUT)
     view = next(v for k, v in snap.processes.items() if k.pid == w.pid)
     timed = result.threads[0].hist
     # 20 ms = 20,000 us: slot 15, [2^14, 2^15) us; on a loaded machine a late wake-up moves a block

@@ -15,6 +15,9 @@ from exporter.symbols import Symbolizer
 from exporter.targets import ProcessTable, TargetRules
 
 ATTACH = os.environ.get("OFFCPU_ATTACH", "auto")
+# A test's first flush loads kallsyms and the workload's symbols in pure Python: well under a
+# second here, but 10-20 s under the kernel matrix's emulation, past flush_now()'s default.
+FLUSH_TIMEOUT = 120.0
 
 
 @contextlib.contextmanager
