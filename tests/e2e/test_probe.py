@@ -152,7 +152,7 @@ def test_mutex_waiters_block_in_futex_wait(probe: Probe) -> None:
         # The thread's own clock around the call also holds any preemption just before or after the
         # syscall (a lock holder spins on the CPU); that wait is in the thread's run-queue time
         # (schedstat) under another stack. So: named <= timed <= named + run-queue wait.
-        assert named.ns <= thread.blocked_off_ns * (1 + EDGE), thread
+        assert named.ns <= thread.blocked_ns * (1 + EDGE), thread  # never more than the calls' wall time
         assert named.ns >= (thread.blocked_off_ns - thread.runq_ns) * (1 - EDGE), thread
         # FUTEX_WAIT returns at once (EAGAIN) when the lock word changed before the call: such calls
         # never leave the CPU; the workload counts the others.
@@ -221,29 +221,6 @@ def test_process_matched_by_comm_after_start_and_increases_add_up(probe: Probe) 
     assert increases.ns == pytest.approx(result.blocked_off_ns, rel=TIME)
     info = next(v.info for k, v in last.processes.items() if k.pid == w.pid)
     assert info.exited
-
-
-def test_switch_counts_match_schedstat(probe: Probe) -> None:
-    """The kernel's own count of a thread's runs (schedstat field 3) against the probe's switches.
-    Newer kernels (6.18 here) count every switch-in there; 6.1 counts only those after a wake-up
-    (a preempted task is re-queued without the timestamp sched_info_arrive() needs). So it lies
-    between the probe's blocking switches and all its switches: fewer means lost blocks, more means
-    lost or doubled switches. Immune to CPU load."""
-    with (Workload("mutex", threads=3, iterations=20, interval_ms=5) as w,
-          running_pipeline(pids=(w.pid,), probe=probe) as p):
-        w.go()
-        result = w.wait()
-        time.sleep(0.1)
-        snap = p.flush_now(FLUSH_TIMEOUT)
-    slack = 2 + 2 * SLACK  # the schedstat reads sit inside the window, a switch or so from its edges
-    for thread in result.threads:
-        window = _in_window(snap, thread.tid)
-        every = total(window).count
-        blocking = total([s for s in window if s.reason is not Reason.RUNNABLE]).count
-        assert blocking - slack <= thread.switches <= every + slack, (blocking, every, thread)
-        if not EMULATED:
-            # This machine's kernel counts preemptions too: all switches, one for one.
-            assert abs(every - thread.switches) <= max(slack, COUNT * thread.switches), thread
 
 
 def test_block_duration_histogram(probe: Probe) -> None:
