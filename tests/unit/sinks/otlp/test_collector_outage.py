@@ -129,7 +129,8 @@ def test_collector_down_then_back() -> None:
     published_ns = sum(_expected_ns(s) for s in published)
     assert received_ns <= published_ns
     assert received_ns + stats.get("dropped_ns", 0) >= published_ns
-    assert stats["sent"] == len(seqs)
+    # Every request counted as sent arrived; one that arrived after its deadline is counted dropped.
+    assert stats["sent"] <= len(seqs) <= stats["sent"] + stats.get("dropped", 0)
     assert stats["sent"] + stats.get("dropped", 0) + stats.get("failed", 0) == len(published)
     # the outage really lost data in the middle, and the newest data after it arrived
     assert any(s > last_before for s in seqs)
