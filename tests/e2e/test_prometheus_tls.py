@@ -7,7 +7,6 @@ needed: what is under test is TLS, auth and the exposition as Prometheus reads t
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,36 +17,15 @@ from exporter.web import Routes
 from exporter.web.server import WebOptions, WebServer
 from tests.e2e.prometheus_server import PrometheusServer, scrape_config
 from tests.support.snapshots import Builder, many_stacks, process
+from tests.support.tls import self_signed
 
 PASSWORD = "correct horse"
-
-
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
 
 def test_prometheus_scrapes_over_tls_with_basic_auth_and_is_refused_otherwise(tmp_path: Path) -> None:
     import bcrypt
 
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=offcpu-test",
-        "-addext",
-        "subjectAltName=IP:127.0.0.1",
-        "-keyout",
-        str(tmp_path / "tls.key"),
-        "-out",
-        str(tmp_path / "tls.crt"),
-    )
+    self_signed(tmp_path / "tls.key", tmp_path / "tls.crt")
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
     (tmp_path / "web.yml").write_text(
         f"tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\nbasic_auth_users:\n  prometheus: '{hashed}'\n"

@@ -7,7 +7,6 @@ import gzip
 import http.client
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from exporter.web import auth as auth_module
 from exporter.web.auth import BasicAuth
 from exporter.web.config import WebConfigError, load_web_config
 from exporter.web.server import WebOptions, WebServer, accepts_gzip
+from tests.support.tls import openssl, self_signed
 
 METRICS = b"".join(b'offcpu_seconds_total{pid="%d"} %d\n' % (i, i) for i in range(2000))
 
@@ -276,33 +276,13 @@ def test_connection_limit_closes_new_connections_beyond_it() -> None:
 # ---- TLS and basic auth -------------------------------------------------------------------------
 
 
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("pki")
     # Server: self-signed for 127.0.0.1. Clients: a CA and one client certificate signed by it.
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=offcpu-test",
-        "-addext",
-        "subjectAltName=IP:127.0.0.1,DNS:localhost",
-        "-keyout",
-        str(d / "server.key"),
-        "-out",
-        str(d / "server.crt"),
-    )
+    self_signed(d / "server.key", d / "server.crt", san="IP:127.0.0.1,DNS:localhost")
     openssl(
         "req",
         "-x509",
