@@ -238,7 +238,14 @@ class Symbolizer:
         except OSError as exc:
             log.debug("cannot read maps of %d: %s", proc.pid, exc)
             text = ""
-        proc.maps = ProcessMaps(parse_maps(text))
+        mappings = parse_maps(text)
+        if not mappings and proc.maps.mappings:
+            # The process exited (or its leader is a zombie, whose maps read empty): the maps read
+            # while it lived still name the stacks it left in the kernel maps. A stray address from
+            # a frame-pointer walk through code built without them must not wipe them.
+            log.debug("maps of %d now empty: keeping the %d mappings read before", proc.pid, len(proc.maps.mappings))
+            return
+        proc.maps = ProcessMaps(mappings)
         proc.frames.clear()
         live = {(m.start, m.inode) for m in proc.maps.mappings}
         for k in [k for k in proc.files if k not in live]:

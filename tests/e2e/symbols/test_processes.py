@@ -323,6 +323,24 @@ def test_prepared_process_symbolized_after_exit(binaries: dict[str, Path], run: 
     assert names(frames)[2] == "jit_nanosleep_stub"
 
 
+def test_exited_process_keeps_its_maps_when_a_stray_address_forces_a_reread(
+    binaries: dict[str, Path], run: RunProgram
+) -> None:
+    # Frame-pointer walks through code built without them end in garbage addresses. Such an
+    # address makes the symbolizer re-read the maps; once the process is gone, that read fails
+    # and must not replace the maps that still name every other frame.
+    program = run(binaries["pie"])
+    sym = Symbolizer(maps_refresh_interval=0.0)
+    sym.prepare(program.pid)
+    pid, alpha = program.pid, program.addresses["symbols_alpha"]
+    program.stop()
+    assert not os.path.exists(f"/proc/{pid}")
+    stray, frame = sym.user(pid, [0x10, alpha])
+    assert stray.name == "[unknown]"
+    assert frame.name == "symbols_alpha"
+    assert names(sym.user(pid, [alpha])) == ["symbols_alpha"]
+
+
 @pytest.mark.parametrize(
     ("mangling", "generic"),
     [
