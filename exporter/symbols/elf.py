@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import lzma
 import struct
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -225,9 +226,11 @@ def _function_symbols(
 class SymbolTable:
     """Sorted, non-overlapping-by-start function ranges with lazily decoded names."""
 
-    starts: list[int] = field(default_factory=list)
-    ends: list[int] = field(default_factory=list)
-    refs: list[int] = field(default_factory=list)  # name offset * 4 + index into strtabs
+    # Machine-word arrays, not lists: a list holds a 32-byte int object per entry, and a process
+    # maps libraries with tens of thousands of functions each (libLLVM: 70,000).
+    starts: array[int] = field(default_factory=lambda: array("Q"))
+    ends: array[int] = field(default_factory=lambda: array("Q"))
+    refs: array[int] = field(default_factory=lambda: array("Q"))  # name offset * 4 + index into strtabs
     strtabs: list[bytes] = field(default_factory=list)
 
     @classmethod
@@ -270,7 +273,7 @@ class SymbolTable:
                 limit = section_ends.get(starts[i], starts[i] + 1)
                 end = min(starts[i + 1], limit) if i + 1 < n else limit
             final_ends.append(end)
-        return cls(starts, final_ends, refs, strtabs)
+        return cls(array("Q", starts), array("Q", final_ends), array("Q", refs), strtabs)
 
     def __len__(self) -> int:
         return len(self.starts)

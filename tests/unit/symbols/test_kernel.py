@@ -102,3 +102,21 @@ def test_unreadable_kallsyms(tmp_path: Path) -> None:
 def test_real_kallsyms_loads_text_only() -> None:
     sym = Symbolizer()
     assert sym.kernel_symbol_count() > 10_000
+
+
+def test_padding_symbols_and_unsorted_lines(tmp_path: Path) -> None:
+    # 6.2+ kernels list a __pfx_ symbol for the padding before each function; /proc/kallsyms is
+    # not sorted across the core kernel, modules and BPF programs.
+    (tmp_path / "kallsyms").write_text(
+        "ffffffffc0000100 T mymod_wait\t[mymod]\n"
+        "ffffffff81000000 T _stext\n"
+        "ffffffff81000ff0 T __pfx_schedule\n"
+        "ffffffff81001000 T schedule\n"
+        "ffffffff81000400 T io_schedule\n"
+        "ffffffff81003000 T _etext\n"
+    )
+    (tmp_path / "modules").write_text(MODULES)
+    sym = Symbolizer(kallsyms_path=str(tmp_path / "kallsyms"))
+    frames = sym.kernel([0xFFFFFFFF81000FF8, 0xFFFFFFFF81001004, 0xFFFFFFFFC0000104])
+    assert [f.name for f in frames] == ["io_schedule", "schedule", "mymod_wait [mymod]"]
+    assert sym.kernel_symbol_count() == 4
