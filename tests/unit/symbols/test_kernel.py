@@ -119,4 +119,4 @@ def test_padding_symbols_and_unsorted_lines(tmp_path: Path) -> None:
     sym = Symbolizer(kallsyms_path=str(tmp_path / "kallsyms"))
     frames = sym.kernel([0xFFFFFFFF81000FF8, 0xFFFFFFFF81001004, 0xFFFFFFFFC0000104])
     assert [f.name for f in frames] == ["io_schedule", "schedule", "mymod_wait [mymod]"]
-    assert sym.kernel_symbol_count() == 4
+    assert sym.kernel_symbol_count() == 5  # _stext, io_schedule, schedule, _etext, mymod_wait
