@@ -9,7 +9,8 @@ Format: https://docs.kernel.org/bpf/btf.html
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Iterator
 
 __all__ = ["BtfError", "struct_member_offsets"]
 
@@ -24,38 +25,56 @@ class BtfError(Exception):
     pass
 
 
-def _types(data: bytes) -> tuple[list[tuple[int, int, int, int, list[tuple[int, int, int]]]], bytes]:
-    magic, _version, _flags, hdr_len = struct.unpack_from("<HBBI", data, 0)
-    if magic != _MAGIC:
-        raise BtfError("not BTF (bad magic)")
-    type_off, type_len, str_off, str_len = struct.unpack_from("<IIII", data, 8)
-    types_start = hdr_len + type_off
-    strings = data[hdr_len + str_off: hdr_len + str_off + str_len]
-    out: list[tuple[int, int, int, int, list[tuple[int, int, int]]]] = [(0, 0, 0, 0, [])]  # type id 0: void
-    pos, end = types_start, types_start + type_len
-    while pos < end:
-        name_off, info, size_or_type = struct.unpack_from("<III", data, pos)
-        pos += 12
-        kind, vlen, kind_flag = (info >> 24) & 0x1F, info & 0xFFFF, info >> 31
-        fixed, per = _EXTRA.get(kind, (0, 0))
-        members: list[tuple[int, int, int]] = []
-        if kind in (_KIND_STRUCT, _KIND_UNION):
-            for i in range(vlen):
-                m_name, m_type, m_off = struct.unpack_from("<III", data, pos + i * 12)
-                bit_offset = m_off & 0xFFFFFF if kind_flag else m_off
-                members.append((m_name, m_type, bit_offset))
-        pos += fixed + per * vlen
-        out.append((name_off, kind, size_or_type, kind_flag, members))
-    return out, strings
+class _Btf:
+    """Type headers located once (one array slot per type), decoded only when asked: vmlinux
+    has ~150,000 types, and decoding them all into tuples costs ~30 MB."""
+
+    def __init__(self, data: bytes) -> None:
+        magic, _version, _flags, hdr_len = struct.unpack_from("<HBBI", data, 0)
+        if magic != _MAGIC:
+            raise BtfError("not BTF (bad magic)")
+        type_off, type_len, str_off, str_len = struct.unpack_from("<IIII", data, 8)
+        self.data = data
+        self.strings = data[hdr_len + str_off : hdr_len + str_off + str_len]
+        self.positions = array("I", [0])  # type id 0: void
+        pos = hdr_len + type_off
+        end = pos + type_len
+        while pos < end:
+            self.positions.append(pos)
+            (info,) = struct.unpack_from("<I", data, pos + 4)
+            fixed, per = _EXTRA.get((info >> 24) & 0x1F, (0, 0))
+            pos += 12 + fixed + per * (info & 0xFFFF)
+
+    def kind(self, type_id: int) -> int:
+        if type_id == 0:
+            return 0
+        (info,) = struct.unpack_from("<I", self.data, self.positions[type_id] + 4)
+        return (info >> 24) & 0x1F
+
+    def name(self, off: int) -> str:
+        end = self.strings.index(b"\0", off)
+        return self.strings[off:end].decode()
+
+    def find_struct(self, name: str) -> int | None:
+        wanted = name.encode()
+        for type_id in range(1, len(self.positions)):
+            name_off, info = struct.unpack_from("<II", self.data, self.positions[type_id])
+            if (info >> 24) & 0x1F == _KIND_STRUCT and name_off and self.strings.startswith(wanted + b"\0", name_off):
+                return type_id
+        return None
+
+    def members(self, type_id: int) -> Iterator[tuple[int, int, int]]:
+        """(name offset, type id, bit offset) of a struct's or union's members."""
+        pos = self.positions[type_id]
+        _name_off, info, _size = struct.unpack_from("<III", self.data, pos)
+        kind_flag = info >> 31
+        for m_name, m_type, m_off in struct.iter_unpack("<III", self.data[pos + 12 : pos + 12 + 12 * (info & 0xFFFF)]):
+            yield m_name, m_type, (m_off & 0xFFFFFF if kind_flag else m_off)
 
 
-def _name(strings: bytes, off: int) -> str:
-    end = strings.index(b"\0", off)
-    return strings[off:end].decode()
-
-
-def struct_member_offsets(struct_name: str, members: Iterable[str],
-                          path: str = "/sys/kernel/btf/vmlinux") -> dict[str, int]:
+def struct_member_offsets(
+    struct_name: str, members: Iterable[str], path: str = "/sys/kernel/btf/vmlinux"
+) -> dict[str, int]:
     """Byte offsets of `members` of `struct struct_name`, looking through anonymous structs and
     unions (task_struct keeps its randomizable fields in one). Missing members are left out."""
     try:
@@ -63,23 +82,20 @@ def struct_member_offsets(struct_name: str, members: Iterable[str],
             data = f.read()
     except OSError as e:
         raise BtfError(f"cannot read {path}: {e.strerror}") from None
-    types, strings = _types(data)
+    btf = _Btf(data)
     wanted = set(members)
-    target = next((t for t in types if t[1] == _KIND_STRUCT and t[0] and _name(strings, t[0]) == struct_name), None)
+    target = btf.find_struct(struct_name)
     if target is None:
         raise BtfError(f"struct {struct_name} not in {path}")
     found: dict[str, int] = {}
-
-    def walk(entry: tuple[int, int, int, int, list[tuple[int, int, int]]], base_bits: int) -> None:
-        for m_name, m_type, bit_offset in entry[4]:
+    pending = [(target, 0)]  # (struct or union type id, bit offset of its start)
+    while pending:
+        type_id, base_bits = pending.pop(0)
+        for m_name, m_type, bit_offset in btf.members(type_id):
             if m_name:
-                name = _name(strings, m_name)
+                name = btf.name(m_name)
                 if name in wanted and name not in found:
                     found[name] = (base_bits + bit_offset) // 8
-            else:
-                inner = types[m_type]
-                if inner[1] in (_KIND_STRUCT, _KIND_UNION):
-                    walk(inner, base_bits + bit_offset)
-
-    walk(target, 0)
+            elif btf.kind(m_type) in (_KIND_STRUCT, _KIND_UNION):
+                pending.append((m_type, base_bits + bit_offset))
     return found

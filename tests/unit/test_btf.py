@@ -1,0 +1,65 @@
+"""The BTF reader against a hand-built blob and against bpftool on the running kernel."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from exporter.probe.btf import BtfError, struct_member_offsets
+
+VMLINUX = Path("/sys/kernel/btf/vmlinux")
+
+
+def _btf(types: list[bytes], strings: bytes) -> bytes:
+    body = b"".join(types)
+    header = struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(body), len(body), len(strings))
+    return header + body + strings
+
+
+def _type(name_off: int, kind: int, vlen: int, size: int, kind_flag: int = 0) -> bytes:
+    return struct.pack("<III", name_off, (kind_flag << 31) | (kind << 24) | vlen, size)
+
+
+def test_members_through_anonymous_unions_and_bitfield_offsets(tmp_path: Path) -> None:
+    strings = b"\0int\0task\0pid\0state\0flags\0other\0"
+    off = {name: strings.index(b"\0" + name.encode() + b"\0") + 1 for name in ("int", "task", "pid", "state", "flags")}
+    types = [
+        _type(off["int"], 1, 0, 4) + struct.pack("<I", 32),  # [1] INT
+        # [2] anonymous union { int state; }, with kind_flag: bit offsets in the low 24 bits
+        _type(0, 5, 1, 4, kind_flag=1) + struct.pack("<III", off["state"], 1, (3 << 24) | 0),
+        # [3] anonymous struct { union [2] at bit 32; }
+        _type(0, 4, 1, 8) + struct.pack("<III", 0, 2, 32),
+        # [4] struct task { int flags; struct [3] at bit 64; int pid at bit 192; }
+        _type(off["task"], 4, 3, 32)
+        + struct.pack("<III", off["flags"], 1, 0)
+        + struct.pack("<III", 0, 3, 64)
+        + struct.pack("<III", off["pid"], 1, 192),
+    ]
+    path = tmp_path / "btf"
+    path.write_bytes(_btf(types, strings))
+    assert struct_member_offsets("task", ["pid", "state", "flags", "missing"], str(path)) == {
+        "pid": 24,
+        "state": 12,
+        "flags": 0,
+    }
+    with pytest.raises(BtfError, match="struct other not in"):
+        struct_member_offsets("other", ["pid"], str(path))
+    path.write_bytes(b"\0" * 32)
+    with pytest.raises(BtfError, match="bad magic"):
+        struct_member_offsets("task", ["pid"], str(path))
+
+
+@pytest.mark.skipif(not VMLINUX.exists() or shutil.which("bpftool") is None, reason="needs kernel BTF and bpftool")
+def test_task_struct_offsets_agree_with_bpftool() -> None:
+    raw = subprocess.run(
+        ["bpftool", "btf", "dump", "file", str(VMLINUX), "format", "raw"], capture_output=True, text=True, check=True
+    ).stdout
+    block = raw.split("STRUCT 'task_struct' ", 1)[1].split("\n[", 1)[0]
+    expected = {m[0]: int(m[1]) // 8 for m in re.findall(r"'(pid|tgid|__state)' type_id=\d+ bits_offset=(\d+)", block)}
+    assert set(expected) == {"pid", "tgid", "__state"}
+    assert struct_member_offsets("task_struct", expected) == expected
