@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from exporter.probe import layout
 from exporter.probe.btf import BtfError, struct_member_offsets
+from exporter.probe.compiler_memory import release_compiler_memory
 from exporter.probe.kernel import KernelFacts, finish_task_switch_symbols, probe_kernel
 
 __all__ = ["Probe", "ProbeConfig", "ProbeError", "RawKey"]
@@ -128,7 +129,8 @@ class Probe:
             self._bpf = bcc.BPF(text=source.encode(), cflags=self.config.cflags(variant, extra))
         except Exception as e:  # bcc raises a bare Exception with the compiler's message
             raise ProbeError(f"the BPF program failed to compile or load: {e}") from e
-        _return_freed_heap()
+        released = release_compiler_memory()
+        log.debug("compiler memory released: %d MB of code advised out", released >> 20)
         self.mode = mode
         if mode == "kprobe":
             self._attach_kprobes()
@@ -306,13 +308,6 @@ class Probe:
                           (layout.MAP_TARGETS, cfg.max_targets)):
             sizes[name] = (len(self._table(name)), cap)
         return sizes
-
-
-def _return_freed_heap() -> None:
-    """bcc compiles with LLVM in this process and frees ~40 MB of heap afterwards that glibc
-    keeps mapped (measured: RSS 152 -> 112 MB after malloc_trim); give it back to the system."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
 
 
 def exporter_tgid() -> int:
