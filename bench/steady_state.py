@@ -137,7 +137,8 @@ def measure(duration: float, warmup: float, rate: float, stacks: int) -> Result:
     details: dict[str, Any] = {
         "mode": how, "duration": t1 - t0, "warmup": warmup, "cpu_seconds": cpu1 - cpu0,
         "cpu_per_second": cores, "switches_per_second": rate_seen, "stacks": stacks,
-        "vm_hwm_kib": hwm, "vm_rss_kib": rss, "steady_rss_max_kib": steady_rss, "rss_anon_kib": rss_anon, "rss_file_kib": rss_file,
+        "vm_hwm_kib": hwm, "vm_rss_kib": rss, "steady_rss_max_kib": steady_rss,
+        "rss_anon_kib": rss_anon, "rss_file_kib": rss_file,
         "scrapes": scrapes, "otlp": otlp, "scrape_bytes": scrape_bytes, "context": context,
     }
     note = f"{rate_seen:,.0f} switches/s, {stacks:,} stacks, {t1 - t0:.0f} s; {how}"
