@@ -37,6 +37,7 @@ from exporter.snapshot import (
     Stack,
     StackSample,
 )
+from exporter.symbols import UNKNOWN as _UNMAPPED  # the frame of an address in no mapping
 from exporter.targets import ProcessTable
 
 __all__ = ["Aggregator", "Symbolizer", "increase", "lost_frame"]
@@ -79,6 +80,14 @@ _LOST_WHY = {
 
 _REASONS = {r.value: r for r in Reason}  # a dict lookup; Reason(value) is a slow Enum call
 
+# A user stack with an address no mapping held is symbolized again a few times, spaced wider than
+# the symbolizer's maps and perf-map re-reads (1 s): the code may have been mapped (dlopen) or
+# JIT-compiled (perf map written) just after the first look. Most such stacks only end in the
+# stray address of a frame-pointer walk through code built without frame pointers, so the retries
+# are bounded.
+_UNRESOLVED_RETRIES = 3
+_UNRESOLVED_RETRY_SECONDS = 2.0
+
 
 def lost_frame(stack_id_or_reason: int | str) -> Frame:
     name = _errno_name(stack_id_or_reason) if isinstance(stack_id_or_reason, int) else stack_id_or_reason
@@ -112,6 +121,7 @@ class Aggregator:
         self._totals: dict[tuple[ProcessKey, int, Reason, Stack], Counter] = {}
         self._kernel_stacks: dict[int, tuple[Frame, ...]] = {}
         self._user_stacks: dict[tuple[int, int], tuple[Frame, ...]] = {}
+        self._unresolved: dict[tuple[int, int], tuple[int, float]] = {}  # -> (retries left, when)
         # (symbol pid, user stack id, kernel stack id) -> the Stack made of the two cached halves:
         # the same object (and its cached hash) every flush, instead of a new one per changed key.
         self._stacks: dict[tuple[int, int, int], Stack] = {}
@@ -155,6 +165,7 @@ class Aggregator:
 
         changed.extend(self._drain(rows, unchanged))
         self._refresh_children()
+        self._retry_unresolved()
         increases: dict[tuple[ProcessKey, int, Reason, Stack], Counter] = {}
         for raw, inc in changed:
             self._account(raw, Counter(*inc), increases)
@@ -203,6 +214,7 @@ class Aggregator:
             self._kernel_stacks.pop(sid, None)
         for key in [k for k in self._user_stacks if k[1] in free]:
             del self._user_stacks[key]
+            self._unresolved.pop(key, None)
         for skey in [k for k in self._stacks if k[1] in free or k[2] in free]:
             del self._stacks[skey]
 
@@ -279,7 +291,30 @@ class Aggregator:
                 return (lost_frame("RECLAIMED"),)
             frames = self.symbolizer.user(pid, addresses)
             self._user_stacks[(pid, stack_id)] = frames
+            if _UNMAPPED in frames:
+                self._unresolved[(pid, stack_id)] = (_UNRESOLVED_RETRIES, time.monotonic() + _UNRESOLVED_RETRY_SECONDS)
         return frames
+
+    def _retry_unresolved(self) -> None:
+        now = time.monotonic()
+        for key, (left, when) in list(self._unresolved.items()):
+            if now < when:
+                continue
+            pid, stack_id = key
+            addresses = self.probe.stack(stack_id)
+            if addresses is None or key not in self._user_stacks:
+                del self._unresolved[key]
+                continue
+            frames = self.symbolizer.user(pid, addresses)
+            if frames != self._user_stacks[key]:
+                # Counts from now on go to the better-named stack; what was counted stays where it was.
+                self._user_stacks[key] = frames
+                for skey in [k for k in self._stacks if k[0] == pid and k[1] == stack_id]:
+                    del self._stacks[skey]
+            if _UNMAPPED not in frames or left <= 1:
+                del self._unresolved[key]
+            else:
+                self._unresolved[key] = (left - 1, now + _UNRESOLVED_RETRY_SECONDS)
 
     def _expire_processes(self) -> list[ProcessInfo]:
         gone = self.processes.expire(self.config.exited_grace_seconds)
@@ -299,6 +334,7 @@ class Aggregator:
                 self.probe.forget_child(info.pid)
             for stack_key in [k for k in self._user_stacks if k[0] == info.pid]:
                 del self._user_stacks[stack_key]
+                self._unresolved.pop(stack_key, None)
             for ids in [k for k in self._stacks if k[0] == info.pid]:
                 del self._stacks[ids]
             for thread_key in [k for k in self._thread_names if k[0] == info.pid]:

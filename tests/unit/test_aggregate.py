@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from exporter import aggregate
 from exporter.aggregate import AggregateConfig, Aggregator, increase
 from exporter.probe.loader import RawKey
 from exporter.snapshot import ZERO, Counter, Frame, FrameKind, Reason
+from exporter.symbols import UNKNOWN
 from exporter.targets import ProcessTable, TargetRules
 from tests.support.kernel_maps import KernelMaps
 
@@ -145,3 +147,49 @@ def test_new_exporter_run_starts_from_zero(proc: Path) -> None:
     snap = restarted.flush()
     assert snap.samples == ()
     assert snap.sequence == 1
+
+
+class LateMapping(Names):
+    """0x20 is in no mapping until `mapped` (a library dlopen'ed, a JIT perf map written)."""
+
+    def __init__(self) -> None:
+        self.mapped = False
+        self.calls = 0
+
+    def user(self, pid, addresses):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return tuple(UNKNOWN if a == 0x20 and not self.mapped else Frame(f"u{a:x}") for a in addresses)
+
+
+def test_a_stack_with_an_unmapped_address_is_named_again_later(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aggregate, "_UNRESOLVED_RETRY_SECONDS", 0.0)
+    kernel = KernelMaps()
+    kernel.stacks = {1: (0x10, 0x20), 2: (0xA,)}
+    names = LateMapping()
+    table = ProcessTable(TargetRules(pids=(42,)), proc_root=str(proc))
+    table.start()
+    agg = Aggregator(kernel, names, table)  # type: ignore[arg-type]
+    kernel.counts[KEY] = (1, 1_000)
+    (sample,) = agg.flush().samples
+    assert [f.name for f in sample.stack.user] == ["u10", "[unknown]"]
+    names.mapped = True
+    kernel.counts[KEY] = (3, 5_000)
+    by_user = {tuple(f.name for f in s.stack.user): s for s in agg.flush().samples}
+    # What was counted stays where it was; from now on counts go to the named stack.
+    assert by_user[("u10", "[unknown]")].total == Counter(1, 1_000)
+    assert by_user[("u10", "u20")].increase == Counter(2, 4_000)
+
+
+def test_retries_of_a_stack_that_stays_unmapped_are_bounded(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aggregate, "_UNRESOLVED_RETRY_SECONDS", 0.0)
+    kernel = KernelMaps()
+    kernel.stacks = {1: (0x10, 0x20), 2: (0xA,)}
+    names = LateMapping()
+    table = ProcessTable(TargetRules(pids=(42,)), proc_root=str(proc))
+    table.start()
+    agg = Aggregator(kernel, names, table)  # type: ignore[arg-type]
+    for n in range(1, 10):
+        kernel.counts[KEY] = (n, n * 1_000)
+        (sample,) = agg.flush().samples
+        assert sample.total == Counter(n, n * 1_000)
+    assert names.calls == 1 + aggregate._UNRESOLVED_RETRIES
