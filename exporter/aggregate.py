@@ -295,6 +295,16 @@ class Aggregator:
                 self._unresolved[(pid, stack_id)] = (_UNRESOLVED_RETRIES, time.monotonic() + _UNRESOLVED_RETRY_SECONDS)
         return frames
 
+    def forget_program(self, pid: int) -> None:
+        """The process exec'd: its maps and the names of its user stacks are the old program's.
+        Kernel stacks and everything already counted stay."""
+        self.symbolizer.forget(pid)
+        for key in [k for k in self._user_stacks if k[0] == pid]:
+            del self._user_stacks[key]
+            self._unresolved.pop(key, None)
+        for skey in [k for k in self._stacks if k[0] == pid]:
+            del self._stacks[skey]
+
     def _retry_unresolved(self) -> None:
         now = time.monotonic()
         for key, (left, when) in list(self._unresolved.items()):

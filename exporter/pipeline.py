@@ -84,6 +84,12 @@ class Pipeline:
                      ", ".join(f"{p.comm}[{p.pid}]" for p in added[:10]))
         for info in exited:
             self._prepared.discard(info.pid)
+        for info in self.processes.take_execs():
+            # Stacks counted in the moment between the exec and this scan may be named from the new
+            # program's maps; from here on they all are.
+            log.info("%s[%d] exec'd %s: reading its maps again", info.comm, info.pid, info.exe)
+            self.aggregator.forget_program(info.pid)
+            self._prepared.discard(info.pid)
         self._sync_kernel_filter()
         # After the filter, so that the kernel counts while a big binary's symbols load: read each
         # new target's mappings while it is alive, since it may exit before its first flush.

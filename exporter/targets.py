@@ -84,6 +84,12 @@ def read_process(pid: int, proc_root: str = "/proc", *, with_cmdline: bool = Fal
     return ProcessInfo(key=ProcessKey(pid, start), comm=comm, exe=exe, cmdline=cmdline)
 
 
+def _program(exe: str) -> str:
+    # A running program whose file was deleted or replaced (a package upgrade) reads
+    # "/usr/sbin/nginx (deleted)": the same program, not an exec.
+    return exe.removesuffix(" (deleted)")
+
+
 def _is_thread_group_leader(pid: int, proc_root: str) -> bool:
     # /proc/TID exists for threads too (hidden from listings); Tgid tells them apart.
     try:
@@ -118,6 +124,7 @@ class ProcessTable:
         self._exited: dict[ProcessKey, _Entry] = {}  # exited, kept for the grace period
         self._last_exited: dict[int, ProcessKey] = {}  # pid -> the most recent exited holder
         self._pinned: dict[int, ProcessKey | None] = {}  # --pid: the identity asked for
+        self._execs: list[ProcessInfo] = []  # exec'd a new program since take_execs()
         self.problems: dict[str, int] = {}
 
     # -- what is watched -------------------------------------------------------------------
@@ -164,6 +171,14 @@ class ProcessTable:
                 exited.append(self._retire(pid, now))
                 if pid in self._pinned:
                     log.warning("target pid %d exited", pid)
+            elif _program(current.exe) != _program(entry.info.exe) and current.exe and entry.info.exe:
+                # Same process (pid and start time survive execve), new program: new maps and
+                # names. The rules that matched it are not asked again (as for followed children).
+                cmdline = read_process(pid, self.proc_root, with_cmdline=True) if self._wants_cmdline else None
+                entry.info = replace(
+                    entry.info, comm=current.comm, exe=current.exe, cmdline=cmdline.cmdline if cmdline else ()
+                )
+                self._execs.append(entry.info)
             elif not entry.info.pod:
                 # Pod names arrive once the pod list has caught up with a new pod, and a process seen
                 # while its runtime was still moving it into the container's cgroup gets its container
@@ -181,6 +196,11 @@ class ProcessTable:
                     self._by_pid[info.pid] = _Entry(info, watched=True)
                     added.append(info)
         return added, exited
+
+    def take_execs(self) -> list[ProcessInfo]:
+        """Live processes that exec'd another program since the last call, as they are now."""
+        execs, self._execs = self._execs, []
+        return execs
 
     def _retire(self, pid: int, now: float) -> ProcessInfo:
         entry = self._by_pid.pop(pid)

@@ -17,6 +17,7 @@ class KernelMaps:
         self.stacks: dict[int, tuple[int, ...]] = {}
         self.deleted_stacks: set[int] = set()
         self.pending: set[int] = set()
+        self.targets: dict[int, int] = {}  # the in-kernel filter: tgid -> layout.TARGET_*
         self.mode, self.hooked, self.attached = "tracepoint", ("sched:sched_switch",), True
 
     def read_counts(self):  # type: ignore[no-untyped-def]
@@ -47,6 +48,15 @@ class KernelMaps:
 
     def map_sizes(self, counts_entries: int):  # type: ignore[no-untyped-def]
         return {"counts": (counts_entries, self.config.max_counts)}
+
+    def kernel_targets(self) -> dict[int, int]:
+        return dict(self.targets)
+
+    def set_target(self, tgid: int, value: int = 1) -> None:
+        self.targets[tgid] = value
+
+    def remove_target(self, tgid: int) -> None:
+        self.targets.pop(tgid, None)
 
     def children(self):  # type: ignore[no-untyped-def]
         return {}

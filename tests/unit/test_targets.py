@@ -50,3 +50,27 @@ def test_unknown_pid_and_thread_ids_are_reported(tmp_path: Path) -> None:
     table = ProcessTable(TargetRules(pids=(20, 21)), proc_root=str(tmp_path))
     problems = table.start()
     assert len(problems) == 2 and "pid 21 does not exist" in problems[1]
+
+
+def _exe(root: Path, pid: int, target: str) -> None:
+    link = root / str(pid) / "exe"
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
+
+
+def test_exec_is_reported_once_and_a_deleted_binary_is_not_an_exec(tmp_path: Path) -> None:
+    _proc(tmp_path, 10, "launcher", 100)
+    _exe(tmp_path, 10, "/opt/app/launcher")
+    table = ProcessTable(TargetRules(pids=(10,)), proc_root=str(tmp_path))
+    assert table.start() == []
+    _exe(tmp_path, 10, "/opt/app/launcher (deleted)")  # upgraded on disk while running
+    table.refresh(now=0.0)
+    assert table.take_execs() == []
+    _proc(tmp_path, 10, "server", 100)  # execve: same pid and start time, new program
+    _exe(tmp_path, 10, "/opt/app/server")
+    assert table.refresh(now=1.0) == ([], [])
+    (info,) = table.take_execs()
+    assert (info.comm, info.exe, info.key.start_ticks) == ("server", "/opt/app/server", 100)
+    assert table.info(10) == info and table.watched_pids() == {10}
+    table.refresh(now=2.0)
+    assert table.take_execs() == []

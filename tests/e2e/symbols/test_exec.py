@@ -1,0 +1,50 @@
+"""A watched process that exec's another program: from the next targets scan on, its stacks are
+named from the new program (real processes and symbolizer; kernel maps held in memory)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from exporter.aggregate import Aggregator
+from exporter.pipeline import Pipeline
+from exporter.probe.loader import RawKey
+from exporter.snapshot import Reason
+from exporter.symbols import Symbolizer
+from exporter.targets import ProcessTable, TargetRules
+from tests.e2e.symbols.programs import Program, compile_c
+from tests.support.kernel_maps import KernelMaps
+
+
+def _user_names(pipeline: Pipeline) -> list[str]:
+    snapshot = pipeline.flush()
+    (sample,) = [s for s in snapshot.samples if s.increase.count and s.stack.user]
+    return [f.name for f in sample.stack.user]
+
+
+def test_stacks_after_an_exec_are_named_from_the_new_program(
+    tmp_path: Path, run: Callable[..., Program]
+) -> None:
+    first = compile_c(tmp_path / "first", "symbols_exec.c", "-no-pie", "-DWAIT_NAME=first_program_wait")
+    second = compile_c(tmp_path / "second", "symbols_exec.c", "-no-pie", "-DWAIT_NAME=second_program_wait")
+    program = run(first)
+    address = program.addresses["wait_function"]
+    kernel = KernelMaps()
+    table = ProcessTable(TargetRules(pids=(program.pid,)))
+    assert table.start() == []
+    pipeline = Pipeline(kernel, Aggregator(kernel, Symbolizer(), table), table)  # type: ignore[arg-type]
+    pipeline.sync_targets()
+
+    key: RawKey = (program.pid, 0, 1, -14, Reason.SLEEPING.value)  # no kernel stack (-EFAULT)
+    kernel.stacks[1] = (address,)
+    kernel.counts[key] = (1, 1_000)
+    assert _user_names(pipeline) == ["first_program_wait"]
+
+    program.command(f"exec {second}", until="ready")
+    assert program.addresses["wait_function"] == address, "the two builds differ in layout: no overlap to test"
+    pipeline.sync_targets()
+    assert table.info(program.pid) is not None and table.info(program.pid).exe == str(second)
+    del kernel.counts[key]
+    kernel.stacks[2] = (address,)
+    kernel.counts[(program.pid, 0, 2, -14, Reason.SLEEPING.value)] = (1, 1_000)
+    assert _user_names(pipeline) == ["second_program_wait"]
