@@ -161,14 +161,20 @@ class LateMapping(Names):
         return tuple(UNKNOWN if a == 0x20 and not self.mapped else Frame(f"u{a:x}") for a in addresses)
 
 
-def test_a_stack_with_an_unmapped_address_is_named_again_later(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _late_mapping_aggregator(
+    proc: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[KernelMaps, LateMapping, Aggregator]:
     monkeypatch.setattr(aggregate, "_UNRESOLVED_RETRY_SECONDS", 0.0)
     kernel = KernelMaps()
     kernel.stacks = {1: (0x10, 0x20), 2: (0xA,)}
     names = LateMapping()
     table = ProcessTable(TargetRules(pids=(42,)), proc_root=str(proc))
     table.start()
-    agg = Aggregator(kernel, names, table)  # type: ignore[arg-type]
+    return kernel, names, Aggregator(kernel, names, table)  # type: ignore[arg-type]
+
+
+def test_a_stack_with_an_unmapped_address_is_named_again_later(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel, names, agg = _late_mapping_aggregator(proc, monkeypatch)
     kernel.counts[KEY] = (1, 1_000)
     (sample,) = agg.flush().samples
     assert [f.name for f in sample.stack.user] == ["u10", "[unknown]"]
@@ -181,13 +187,7 @@ def test_a_stack_with_an_unmapped_address_is_named_again_later(proc: Path, monke
 
 
 def test_retries_of_a_stack_that_stays_unmapped_are_bounded(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aggregate, "_UNRESOLVED_RETRY_SECONDS", 0.0)
-    kernel = KernelMaps()
-    kernel.stacks = {1: (0x10, 0x20), 2: (0xA,)}
-    names = LateMapping()
-    table = ProcessTable(TargetRules(pids=(42,)), proc_root=str(proc))
-    table.start()
-    agg = Aggregator(kernel, names, table)  # type: ignore[arg-type]
+    kernel, names, agg = _late_mapping_aggregator(proc, monkeypatch)
     for n in range(1, 10):
         kernel.counts[KEY] = (n, n * 1_000)
         (sample,) = agg.flush().samples
