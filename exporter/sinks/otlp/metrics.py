@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +45,8 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from exporter import __version__
 from exporter.sinks import SinkStats
-from exporter.sinks.prometheus.selection import ProcessSeries, Selection
-from exporter.snapshot import ZERO, Counter, ProcessInfo, ProcessView, Reason, Snapshot
+from exporter.sinks.prometheus.selection import Selection, one_per_pid
+from exporter.snapshot import ZERO, Counter, ProcessView, Reason, Snapshot
 
 from .options import OtlpConfig
 
@@ -136,7 +136,7 @@ class OffcpuMetrics:
     def _compute(self, snapshot: Snapshot) -> _Rows:
         rows = _Rows([], [], [], [])
         view = self._selection.view(snapshot)
-        for series in _one_per_pid(view.processes):
+        for series in one_per_pid(view.processes):
             info = series.view.info
             attrs = _process_attributes(series.view)
             self._add_reasons(rows, attrs, series.view.by_reason)
@@ -191,22 +191,6 @@ class OffcpuMetrics:
 
     def _stack_switches(self, options: CallbackOptions) -> Iterable[Observation]:
         return self.rows().stack_switches
-
-
-def _one_per_pid(processes: Sequence[ProcessSeries]) -> Iterator[ProcessSeries]:
-    """A pid reused while the exited process is still in its grace period would give two processes
-    the same attributes: export the live (newer) one, as /metrics does."""
-    best: dict[int, ProcessSeries] = {}
-    for p in processes:
-        cur = best.get(p.view.info.pid)
-        if cur is None or _newer(p.view.info, cur.view.info):
-            best[p.view.info.pid] = p
-    for pid in sorted(best):
-        yield best[pid]
-
-
-def _newer(a: ProcessInfo, b: ProcessInfo) -> bool:
-    return (not a.exited, a.key.start_ticks) > (not b.exited, b.key.start_ticks)
 
 
 class CountingMetricExporter(MetricExporter):

@@ -15,8 +15,8 @@ from prometheus_client.utils import floatToGoString
 
 import exporter
 from exporter.sinks import Sink
-from exporter.sinks.prometheus.selection import FoldedProcesses, ProcessSeries, Selection, SelectionView
-from exporter.snapshot import HISTOGRAM_BUCKETS_US, Counter, Health, ProcessInfo, Reason, Snapshot
+from exporter.sinks.prometheus.selection import FoldedProcesses, Selection, SelectionView, one_per_pid
+from exporter.snapshot import HISTOGRAM_BUCKETS_US, Counter, Health, Reason, Snapshot
 
 __all__ = ["OffCPUCollector", "bcc_version"]
 
@@ -165,7 +165,7 @@ class OffCPUCollector:
     def _add_processes(self, fams: Mapping[str, _Family], hist: HistogramMetricFamily, view: SelectionView) -> None:
         seconds, switches = fams["offcpu_seconds"], fams["offcpu_switches"]
         st_seconds, st_switches = fams["offcpu_stack_seconds"], fams["offcpu_stack_switches"]
-        for series in _one_per_pid(view.processes):
+        for series in one_per_pid(view.processes):
             info = series.view.info
             pid, comm = str(info.pid), _text(info.comm)
             where = (_text(info.namespace), _text(info.pod), _text(info.container))
@@ -264,17 +264,3 @@ def _lost_stack_labels(key: str) -> tuple[str, str]:
     return "", key
 
 
-def _one_per_pid(processes: Sequence[ProcessSeries]) -> Iterator[ProcessSeries]:
-    # A pid reused while the exited process is still in its grace period would give two processes
-    # the same labels: export the live (newer) one.
-    best: dict[int, ProcessSeries] = {}
-    for p in processes:
-        cur = best.get(p.view.info.pid)
-        if cur is None or _newer(p.view.info, cur.view.info):
-            best[p.view.info.pid] = p
-    for pid in sorted(best):
-        yield best[pid]
-
-
-def _newer(a: ProcessInfo, b: ProcessInfo) -> bool:
-    return (not a.exited, a.key.start_ticks) > (not b.exited, b.key.start_ticks)

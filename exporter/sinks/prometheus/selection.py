@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exporter.ratelimit import RateLimitedLog
-from exporter.snapshot import Counter, ProcessKey, ProcessView, Reason, Snapshot, Stack
+from exporter.snapshot import Counter, ProcessInfo, ProcessKey, ProcessView, Reason, Snapshot, Stack
 
-__all__ = ["FoldedProcesses", "ProcessSeries", "Selection", "SelectionView", "StackSeries"]
+__all__ = ["FoldedProcesses", "ProcessSeries", "Selection", "SelectionView", "StackSeries", "one_per_pid"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,22 @@ class ProcessSeries:
     view: ProcessView
     stacks: tuple[StackSeries, ...]
     other: Counter  # view.total minus the stack series
+
+
+def one_per_pid(processes: Sequence[ProcessSeries]) -> Iterator[ProcessSeries]:
+    """A pid reused while the exited process is still in its grace period would give two processes
+    the same labels (or attributes): export the live (newer) one, by pid."""
+    best: dict[int, ProcessSeries] = {}
+    for p in processes:
+        cur = best.get(p.view.info.pid)
+        if cur is None or _newer(p.view.info, cur.view.info):
+            best[p.view.info.pid] = p
+    for pid in sorted(best):
+        yield best[pid]
+
+
+def _newer(a: ProcessInfo, b: ProcessInfo) -> bool:
+    return (not a.exited, a.key.start_ticks) > (not b.exited, b.key.start_ticks)
 
 
 @dataclass(frozen=True)
