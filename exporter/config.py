@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
@@ -44,6 +44,21 @@ def parse_regex(text: str) -> re.Pattern[str]:
         return re.compile(text)
     except re.error as e:
         raise argparse.ArgumentTypeError(f"invalid regular expression {text!r}: {e}") from None
+
+
+def positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """An argparse type: a plain number of `kind` (int, float) that must be above zero."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+        return value
+
+    return parse
 
 
 def positive_int(text: str) -> int:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from exporter.config import positive
 from exporter.k8s.cgroup import ContainerIdentity
 from exporter.k8s.metadata import SERVICE_ACCOUNT_DIR, PodMetadata
 
@@ -50,21 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kubernetes-metadata", choices=("auto", "off"), default="auto",
                        help="auto: ask the Kubernetes API for pod names when in a cluster; off: never "
                             "(default: %(default)s)")
-    group.add_argument("--kubernetes-refresh-interval", type=_positive_seconds, default=30.0,
+    group.add_argument("--kubernetes-refresh-interval", type=positive(float), default=30.0,
                        metavar="SECONDS",
                        help="how often the pods of this node are listed (default: %(default)s)")
     group.add_argument("--kubernetes-service-account-dir", default=SERVICE_ACCOUNT_DIR, metavar="DIR",
                        help="where the service account's token and ca.crt are (default: %(default)s)")
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds: {text!r}")
-    return value
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 
 from exporter import formats
+from exporter.config import positive
 from exporter.formats import Profile, ProfileFilter
 from exporter.formats import flamegraph as flamegraph_format
 from exporter.formats import pprof as pprof_format
@@ -42,19 +42,6 @@ FLUSH_TIMEOUT = 10.0
 _WARN_EVERY = 60.0
 
 
-def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-        return value
-
-    return parse
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "pprof and flame graphs",
@@ -70,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pprof.max-seconds",
         dest="pprof_max_seconds",
-        type=_positive(float),
+        type=positive(float),
         default=300.0,
         metavar="S",
         help="longest profile a request may ask for with ?seconds= (default: %(default)g)",
@@ -78,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pprof.max-concurrent",
         dest="pprof_max_concurrent",
-        type=_positive(int),
+        type=positive(int),
         default=4,
         metavar="N",
         help="profile requests served at once; more get 429 Too Many Requests (default: %(default)d)",
@@ -86,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--flamegraph.max-minutes",
         dest="flamegraph_max_minutes",
-        type=_positive(float),
+        type=positive(float),
         default=60.0,
         metavar="M",
         help="longest history /flamegraph may show with ?minutes= (default: %(default)g); "

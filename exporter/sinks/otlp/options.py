@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 from opentelemetry.util.re import parse_env_headers
 
+from exporter.config import positive
+
 __all__ = [
     "PROTOCOLS",
     "SERVICE_NAME_FIELDS",
@@ -56,26 +58,6 @@ class OtlpConfig:
     switches_profile: bool = True
     queue_size: int = 12
     max_delay: float = 60.0
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds: {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return value
 
 
 def _non_negative_int(text: str) -> int:
@@ -181,7 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     group.add_argument(
         "--otlp-timeout",
         metavar="SECONDS",
-        type=_positive_seconds,
+        type=positive(float),
         default=_milliseconds_env("OTEL_EXPORTER_OTLP_TIMEOUT", 10.0, env),
         help="timeout of one export attempt (default: %(default)s) [OTEL_EXPORTER_OTLP_TIMEOUT, in ms]",
     )
@@ -206,7 +188,7 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     group.add_argument(
         "--otlp-interval",
         metavar="SECONDS",
-        type=_positive_seconds,
+        type=positive(float),
         default=_milliseconds_env("OTEL_METRIC_EXPORT_INTERVAL", 15.0, env),
         help="metrics export interval (default: %(default)s); profiles are pushed after every flush "
         "[OTEL_METRIC_EXPORT_INTERVAL, in ms]",
@@ -241,7 +223,7 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     group.add_argument(
         "--otlp-top-stacks",
         metavar="K",
-        type=_positive_int,
+        type=positive(int),
         default=10,
         help="per-stack metrics: at most K stacks per process, the rest summed in stack_id=other "
         "(default: %(default)s)",
@@ -263,14 +245,14 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     group.add_argument(
         "--otlp-queue-size",
         metavar="N",
-        type=_positive_int,
+        type=positive(int),
         default=12,
         help="profile requests kept while the collector is unreachable; older ones are dropped (default: %(default)s)",
     )
     group.add_argument(
         "--otlp-max-delay",
         metavar="SECONDS",
-        type=_positive_seconds,
+        type=positive(float),
         default=60.0,
         help="a profile request not delivered within this time after its flush is dropped (default: %(default)s)",
     )
