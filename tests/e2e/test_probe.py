@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from exporter.probe.loader import Probe, ProbeConfig
 from exporter.snapshot import ZERO, Reason
-from tests.support.inprocess import ATTACH, FLUSH_TIMEOUT, running_pipeline, total, with_function
+from tests.support.inprocess import FLUSH_TIMEOUT, observe, running_pipeline, total, with_function
 from tests.support.workloads import Workload
 
 pytestmark = pytest.mark.kernel
@@ -36,15 +35,6 @@ SLACK = 1 if EMULATED else 0  # switches either way, on top
 EDGE = 0.05 if EMULATED else 0.01  # bounds that hold exactly but for clock edges
 
 
-@pytest.fixture(scope="module")
-def probe() -> Iterator[Probe]:
-    """One probe (per-thread, the default options) for the tests that need nothing else."""
-    shared = Probe(ProbeConfig(attach=ATTACH, per_thread=True))
-    shared.start()
-    yield shared
-    shared.close()
-
-
 def _kernel_names(samples):  # type: ignore[no-untyped-def]
     return {f.name.split(" ", 1)[0] for s in samples for f in s.stack.kernel}
 
@@ -58,12 +48,8 @@ def _in_window(snap, tid):  # type: ignore[no-untyped-def]
 
 
 def test_sleeping_thread_time_count_and_frames(probe: Probe) -> None:
-    with (Workload("sleep", threads=1, iterations=50, interval_ms=20) as w,
-          running_pipeline(pids=(w.pid,), probe=probe) as p):
-        w.go()
-        result = w.wait()
-        time.sleep(0.1)
-        snap = p.flush_now(FLUSH_TIMEOUT)
+    with Workload("sleep", threads=1, iterations=50, interval_ms=20) as w:
+        result, snap = observe(w, probe=probe)
     thread = result.threads[0]
     samples = with_function(snap, "offcpu_sleep_ms", w.pid)
     assert samples, f"offcpu_sleep_ms not found; stacks: {[s.stack.folded() for s in snap.samples]}"
@@ -102,12 +88,8 @@ def test_perf_event_tracepoint_variant() -> None:
 
 
 def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe) -> None:
-    with (Workload("mutex", threads=3, iterations=40, interval_ms=5) as w,
-          running_pipeline(pids=(w.pid,), probe=probe) as p):
-        w.go()
-        result = w.wait()
-        time.sleep(0.1)
-        snap = p.flush_now(FLUSH_TIMEOUT)
+    with Workload("mutex", threads=3, iterations=40, interval_ms=5) as w:
+        result, snap = observe(w, probe=probe)
     for thread in result.threads:
         off = sum((s.total for s in _in_window(snap, thread.tid)), ZERO)
         assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns, rel=WALL), thread
@@ -115,12 +97,8 @@ def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe) -> None:
 
 @pytest.mark.parametrize("readers", [1, 2])
 def test_pipe_reader_blocks_in_pipe_read(readers: int, probe: Probe) -> None:
-    with (Workload("pipe", threads=readers, iterations=40, interval_ms=10) as w,
-          running_pipeline(pids=(w.pid,), probe=probe) as p):
-        w.go()
-        result = w.wait()
-        time.sleep(0.1)
-        snap = p.flush_now(FLUSH_TIMEOUT)
+    with Workload("pipe", threads=readers, iterations=40, interval_ms=10) as w:
+        result, snap = observe(w, probe=probe)
     samples = with_function(snap, "offcpu_pipe_read", w.pid)
     # pipe_read was renamed anon_pipe_read in 6.16.
     assert {"pipe_read", "anon_pipe_read"} & _kernel_names(samples), _kernel_names(samples)
@@ -137,12 +115,8 @@ def test_pipe_reader_blocks_in_pipe_read(readers: int, probe: Probe) -> None:
 
 
 def test_mutex_waiters_block_in_futex_wait(probe: Probe) -> None:
-    with (Workload("mutex", threads=3, iterations=20, interval_ms=5) as w,
-          running_pipeline(pids=(w.pid,), probe=probe) as p):
-        w.go()
-        result = w.wait()
-        time.sleep(0.1)
-        snap = p.flush_now(FLUSH_TIMEOUT)
+    with Workload("mutex", threads=3, iterations=20, interval_ms=5) as w:
+        result, snap = observe(w, probe=probe)
     samples = with_function(snap, "offcpu_lock_wait", w.pid)
     assert samples, [(s.tid, s.stack.folded()) for s in snap.samples]
     assert any(name.startswith("futex_wait") for name in _kernel_names(samples)), _kernel_names(samples)
@@ -162,12 +136,8 @@ def test_mutex_waiters_block_in_futex_wait(probe: Probe) -> None:
 
 def test_short_lived_children_are_followed_and_named() -> None:
     iterations, interval_ms = 20, 20
-    with (Workload("child", iterations=iterations, interval_ms=interval_ms) as w,
-          running_pipeline(pids=(w.pid,), follow_children=True) as p):
-        w.go()
-        result = w.wait()
-        time.sleep(0.1)
-        snap = p.flush_now(FLUSH_TIMEOUT)
+    with Workload("child", iterations=iterations, interval_ms=interval_ms) as w:
+        result, snap = observe(w, follow_children=True)
     samples = with_function(snap, "offcpu_child_sleep")
     children = {s.process.pid for s in samples}
     assert len(children) == iterations, children
@@ -179,12 +149,8 @@ def test_short_lived_children_are_followed_and_named() -> None:
 
 
 def test_per_process_aggregation_sums_threads_and_stacks_sum_to_process_total() -> None:
-    with (Workload("sleep", threads=3, iterations=30, interval_ms=10) as w,
-          running_pipeline(pids=(w.pid,), per_thread=False) as p):
-        w.go()
-        result = w.wait()
-        time.sleep(0.1)
-        snap = p.flush_now(FLUSH_TIMEOUT)
+    with Workload("sleep", threads=3, iterations=30, interval_ms=10) as w:
+        result, snap = observe(w, per_thread=False)
     samples = with_function(snap, "offcpu_sleep_ms", w.pid)
     assert samples, [(s.process.pid, s.total, s.stack.folded()) for s in snap.samples]
     assert {s.tid for s in samples} == {0}
@@ -224,12 +190,8 @@ def test_process_matched_by_comm_after_start_and_increases_add_up(probe: Probe) 
 
 
 def test_block_duration_histogram(probe: Probe) -> None:
-    with (Workload("sleep", threads=1, iterations=30, interval_ms=20) as w,
-          running_pipeline(pids=(w.pid,), probe=probe) as p):
-        w.go()
-        result = w.wait()
-        time.sleep(0.1)
-        snap = p.flush_now(FLUSH_TIMEOUT)
+    with Workload("sleep", threads=1, iterations=30, interval_ms=20) as w:
+        result, snap = observe(w, probe=probe)
     view = next(v for k, v in snap.processes.items() if k.pid == w.pid)
     timed = result.threads[0].hist
     # 20 ms = 20,000 us: slot 15, [2^14, 2^15) us; on a loaded machine a late wake-up moves a block

@@ -5,26 +5,15 @@ docs/kernel-matrix.md)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-
 import pytest
 
-from exporter.probe.loader import Probe, ProbeConfig
+from exporter.probe.loader import Probe
 from exporter.snapshot import Reason
 from tests.e2e.test_probe import COUNT, SLACK, _in_window
-from tests.support.inprocess import ATTACH, FLUSH_TIMEOUT, running_pipeline, total
+from tests.support.inprocess import observe, total
 from tests.support.workloads import Workload
 
 pytestmark = pytest.mark.kernel
-
-
-@pytest.fixture(scope="module")
-def probe() -> Iterator[Probe]:
-    shared = Probe(ProbeConfig(attach=ATTACH, per_thread=True))
-    shared.start()
-    yield shared
-    shared.close()
 
 
 def test_switch_counts_match_schedstat(probe: Probe) -> None:
@@ -33,12 +22,8 @@ def test_switch_counts_match_schedstat(probe: Probe) -> None:
     (a preempted task is re-queued without the timestamp sched_info_arrive() needs). So it lies
     between the probe's blocking switches and all its switches: fewer means lost blocks, more means
     lost or doubled switches. Immune to CPU load."""
-    with (Workload("mutex", threads=3, iterations=20, interval_ms=5) as w,
-          running_pipeline(pids=(w.pid,), probe=probe) as p):
-        w.go()
-        result = w.wait()
-        time.sleep(0.1)
-        snap = p.flush_now(FLUSH_TIMEOUT)
+    with Workload("mutex", threads=3, iterations=20, interval_ms=5) as w:
+        result, snap = observe(w, probe=probe)
     slack = 2 + 2 * SLACK  # the schedstat reads sit inside the window, a switch or so from its edges
     for thread in result.threads:
         window = _in_window(snap, thread.tid)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from collections.abc import Iterator
+from typing import Any
 
 from exporter.aggregate import AggregateConfig, Aggregator
 from exporter.pipeline import Pipeline
@@ -13,6 +15,7 @@ from exporter.probe.loader import Probe, ProbeConfig
 from exporter.snapshot import Counter, Snapshot, StackSample
 from exporter.symbols import Symbolizer
 from exporter.targets import ProcessTable, TargetRules
+from tests.support.workloads import Workload, WorkloadResult
 
 ATTACH = os.environ.get("OFFCPU_ATTACH", "auto")
 # A test's first flush loads kallsyms and the workload's symbols in pure Python: well under a
@@ -50,6 +53,16 @@ def running_pipeline(*, pids: tuple[int, ...] = (), comm: str | None = None, per
         if own_probe:
             probe.close()
 
+
+
+def observe(workload: Workload, **pipeline_options: Any) -> tuple[WorkloadResult, Snapshot]:
+    """Watch a started workload (`--wait-go`) with a pipeline from go to its end; returns its
+    result and a snapshot flushed after it ended (0.1 s later, so its last switch-ins are in)."""
+    with running_pipeline(pids=(workload.pid,), **pipeline_options) as pipeline:
+        workload.go()
+        result = workload.wait()
+        time.sleep(0.1)
+        return result, pipeline.flush_now(FLUSH_TIMEOUT)
 
 def with_function(snapshot: Snapshot, function: str, pid: int | None = None) -> list[StackSample]:
     """Samples whose stack holds `function` among its user frames."""
