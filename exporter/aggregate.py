@@ -296,8 +296,9 @@ class Aggregator:
         return frames
 
     def forget_program(self, pid: int) -> None:
-        """The process exec'd: its maps and the names of its user stacks are the old program's.
-        Kernel stacks and everything already counted stay."""
+        """Drops what names the user stacks of `pid`: its maps and the symbolized stacks. For a
+        process that exec'd (they are the old program's) or expired. Kernel stacks and
+        everything already counted stay."""
         self.symbolizer.forget(pid)
         for key in [k for k in self._user_stacks if k[0] == pid]:
             del self._user_stacks[key]
@@ -338,15 +339,10 @@ class Aggregator:
         for info in gone:
             if self.processes.latest(info.pid) is not None:
                 continue  # the pid is held by a newer process now: its state is not ours to drop
-            self.symbolizer.forget(info.pid)
+            self.forget_program(info.pid)
             self.probe.delete_hist(info.pid)
             if self.probe.config.follow_children:
                 self.probe.forget_child(info.pid)
-            for stack_key in [k for k in self._user_stacks if k[0] == info.pid]:
-                del self._user_stacks[stack_key]
-                self._unresolved.pop(stack_key, None)
-            for ids in [k for k in self._stacks if k[0] == info.pid]:
-                del self._stacks[ids]
             for thread_key in [k for k in self._thread_names if k[0] == info.pid]:
                 del self._thread_names[thread_key]
         return gone
