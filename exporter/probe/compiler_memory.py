@@ -17,6 +17,8 @@ import ctypes
 import logging
 import re
 
+from exporter.symbols.maps import parse_maps
+
 __all__ = ["release_compiler_memory"]
 
 log = logging.getLogger(__name__)
@@ -27,13 +29,7 @@ _COMPILER_LIBRARY = re.compile(r"/lib(LLVM|clang-cpp|clang)[-.][^/]*$")
 
 def compiler_code_mappings(maps_text: str) -> list[tuple[int, int]]:
     """(start, end) of the executable mappings of the LLVM and clang libraries."""
-    ranges = []
-    for line in maps_text.splitlines():
-        parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[1].startswith("r-x") and _COMPILER_LIBRARY.search(parts[5]):
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            ranges.append((start, end))
-    return ranges
+    return [(m.start, m.end) for m in parse_maps(maps_text) if _COMPILER_LIBRARY.search(m.path)]
 
 
 def release_compiler_memory(maps_path: str = "/proc/self/maps") -> int:
