@@ -18,10 +18,11 @@
  * The kernel side only counts. Filtering comes first so that unwatched tasks cost one lookup.
  * Set by the loader with -D: OFFCPU_ATTACH_*, PER_THREAD, WATCH_ALL, FOLLOW_CHILDREN,
  * MIN_BLOCK_NS, MAX_BLOCK_NS and the map sizes MAX_TARGETS, MAX_THREADS, MAX_COUNTS,
- * STACK_STORAGE, MAX_HIST.
+ * STACK_STORAGE, STACK_SPILL, STACK_SPILL_BASE, MAX_HIST.
  */
 #include <uapi/linux/ptrace.h>
 #include <linux/sched.h>
+#include <uapi/asm-generic/errno-base.h>
 #include "offcpu.h"
 
 /* What every hook returns. The kernel runs the BPF programs attached to a tracepoint or kprobe
@@ -40,6 +41,7 @@ BPF_HASH(start, u32, struct offcpu_start, MAX_THREADS);
 BPF_HASH(counts, struct offcpu_key, struct offcpu_value, MAX_COUNTS);
 BPF_HASH(hist, struct offcpu_hist_key, u64, MAX_HIST);
 BPF_STACK_TRACE(stack_traces, STACK_STORAGE);
+BPF_STACK_TRACE(stack_spill, STACK_SPILL);
 BPF_PERCPU_ARRAY(stats, u64, OFFCPU_STAT_MAX);
 
 static __always_inline void stat_add(int index, u64 n)
@@ -47,6 +49,25 @@ static __always_inline void stat_add(int index, u64 n)
 	u64 *v = stats.lookup(&index);
 	if (v)
 		*v += n; /* per-CPU slot: no other writer */
+}
+
+/* bpf_get_stackid() hashes a stack to one bucket and, without BPF_F_REUSE_STACKID, fails with
+ * -EEXIST when another stack holds it (__bpf_get_stackid() in kernel/bpf/stackmap.c). Reusing
+ * the bucket would rename the stack that held it under every counter keyed by its id. By the
+ * birthday bound such collisions are common long before the map is full: K stacks in N buckets
+ * collide in about K^2/2N pairs (1% of runs with 20 stacks in 16384 buckets, a quarter of 5,000
+ * stacks lost). A collided stack goes to a second, smaller map instead, where it collides again
+ * only with another collided stack; its ids there are offset by the first map's bucket count. */
+static __always_inline int stack_id(void *ctx, u64 flags)
+{
+	int id = stack_traces.get_stackid(ctx, flags);
+	if (id != -EEXIST)
+		return id;
+	int spilled = stack_spill.get_stackid(ctx, flags);
+	if (spilled < 0)
+		return spilled;
+	stat_add(OFFCPU_STAT_STACKS_SPILLED, 1);
+	return spilled + STACK_SPILL_BASE;
 }
 
 static __always_inline int is_target(u32 tgid)
@@ -147,8 +168,8 @@ int offcpu_finish_task_switch(struct pt_regs *ctx, struct task_struct *prev)
 	if (!s)
 		return OFFCPU_KEEP_EVENT;
 	/* Switched back in: the stacks here are the ones it blocked in. */
-	int user_stack_id = stack_traces.get_stackid(ctx, BPF_F_USER_STACK);
-	int kernel_stack_id = stack_traces.get_stackid(ctx, 0);
+	int user_stack_id = stack_id(ctx, BPF_F_USER_STACK);
+	int kernel_stack_id = stack_id(ctx, 0);
 	account(s, tid, now, user_stack_id, kernel_stack_id);
 	start.delete(&tid);
 	return OFFCPU_KEEP_EVENT;
@@ -182,8 +203,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
 		s.ts_ns = now;
 		s.tgid = tgid;
 		s.reason = reason_of_tracepoint_state(args->prev_state);
-		s.user_stack_id = stack_traces.get_stackid(args, BPF_F_USER_STACK);
-		s.kernel_stack_id = stack_traces.get_stackid(args, 0);
+		s.user_stack_id = stack_id(args, BPF_F_USER_STACK);
+		s.kernel_stack_id = stack_id(args, 0);
 		store_start((u32)id, &s);
 	}
 
@@ -248,8 +269,8 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 		s.ts_ns = now;
 		s.tgid = tgid;
 		s.reason = reason_of_raw_state(ctx->args[0], ctx->args[3]);
-		s.user_stack_id = stack_traces.get_stackid(ctx, BPF_F_USER_STACK);
-		s.kernel_stack_id = stack_traces.get_stackid(ctx, 0);
+		s.user_stack_id = stack_id(ctx, BPF_F_USER_STACK);
+		s.kernel_stack_id = stack_id(ctx, 0);
 		store_start((u32)id, &s);
 	}
 

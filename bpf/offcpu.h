@@ -16,7 +16,8 @@
 #define OFFCPU_STAT_START_DROPPED     2 /* switch-outs not stored: `start` full */
 #define OFFCPU_STAT_HIST_DROPPED      3 /* blocks not stored: `hist` full */
 #define OFFCPU_STAT_FILTERED          4 /* blocks outside --min-block/--max-block */
-#define OFFCPU_STAT_MAX               5
+#define OFFCPU_STAT_STACKS_SPILLED    5 /* stack captures stored in `stack_spill` (collided) */
+#define OFFCPU_STAT_MAX               6
 
 /* Block-duration histogram: slot 0 is < 1 us, slot i (1..25) is [2^(i-1), 2^i) us,
  * slot 26 everything from 2^25 us (~33.5 s) on. */
@@ -25,7 +26,8 @@
 struct offcpu_key {
 	__u32 tgid;
 	__u32 tid;             /* 0 when aggregating per process */
-	__s32 user_stack_id;   /* negative: -errno of bpf_get_stackid (lost stack) */
+	__s32 user_stack_id;   /* negative: -errno of bpf_get_stackid (lost stack); from
+	                        * STACK_SPILL_BASE on: an id in `stack_spill` plus that base */
 	__s32 kernel_stack_id;
 	__u32 reason;          /* OFFCPU_REASON_* */
 };

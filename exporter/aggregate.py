@@ -400,6 +400,7 @@ class Aggregator:
                 layout.MAP_HIST: stats[layout.STAT_HIST_DROPPED],
             }),
             dropped_ns=stats[layout.STAT_COUNTS_DROPPED_NS],
+            spilled_stacks=stats[layout.STAT_STACKS_SPILLED],
             symbolization_failures=self.symbolizer.failures,
             flush_duration_seconds=duration,
             flushes=self._flushes,

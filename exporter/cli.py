@@ -92,7 +92,8 @@ def _add_probe(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-block", type=parse_duration, default=(1 << 64) - 1, metavar="DURATION",
                    help="ignore blocks longer than this")
     g.add_argument("--stack-storage-size", type=positive_int, default=16384, metavar="N",
-                   help="distinct stacks the kernel can hold (default 16384; ~1 KiB each)")
+                   help="distinct stacks the kernel can hold (default 16384; ~1 KiB each), plus a quarter as many "
+                        "for stacks that collide in its hash buckets")
     g.add_argument("--max-counters", type=positive_int, default=65536, metavar="N",
                    help="distinct (process, thread, stack, reason) counters in the kernel (default 65536)")
     g.add_argument("--max-threads", type=positive_int, default=65536, metavar="N",

@@ -268,6 +268,7 @@ class Health:
     map_capacity: Mapping[str, int] = field(default_factory=dict)  # map -> max entries
     map_dropped: Mapping[str, int] = field(default_factory=dict)  # map -> updates refused (full)
     dropped_ns: int = 0  # off-CPU ns the kernel measured but could not store (counter map full)
+    spilled_stacks: int = 0  # stack captures that collided in the stack map and went to the spill map
     symbolization_failures: int = 0
     flush_duration_seconds: float = 0.0  # of the flush that produced this snapshot
     flushes: int = 0

@@ -19,6 +19,7 @@ MAP_START = "start"
 MAP_COUNTS = "counts"
 MAP_HIST = "hist"
 MAP_STACKS = "stack_traces"
+MAP_STACK_SPILL = "stack_spill"  # stacks that collided in MAP_STACKS
 MAP_STATS = "stats"
 
 STAT_COUNTS_DROPPED = 0
@@ -26,7 +27,8 @@ STAT_COUNTS_DROPPED_NS = 1
 STAT_START_DROPPED = 2
 STAT_HIST_DROPPED = 3
 STAT_FILTERED = 4
-STAT_MAX = 5
+STAT_STACKS_SPILLED = 5
+STAT_MAX = 6
 
 HIST_SLOTS = 27
 

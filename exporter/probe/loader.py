@@ -9,6 +9,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from exporter.probe import layout
 from exporter.probe.btf import BtfError, struct_member_offsets
@@ -24,6 +25,7 @@ RawKey = tuple[int, int, int, int, int]
 
 ATTACH_MODES = ("auto", "kprobe", "tracepoint")
 _U64_MAX = (1 << 64) - 1
+_S32_MAX = (1 << 31) - 1
 
 
 class ProbeError(Exception):
@@ -42,8 +44,19 @@ class ProbeConfig:
     max_threads: int = 65536
     max_counts: int = 65536
     stack_storage: int = 16384
+    stack_spill: int = 0  # entries of the map collided stacks go to; 0: a quarter of stack_storage
     max_hist: int = 16384
     raw_tracepoint: bool | None = None  # tracepoint mode: raw when BTF allows (None), always, never
+
+    @property
+    def stack_spill_entries(self) -> int:
+        return self.stack_spill or max(1, self.stack_storage // 4)
+
+    @property
+    def stack_spill_base(self) -> int:
+        """The first id of the spill map's stacks: the main map's bucket count (the kernel rounds
+        its entries up to a power of two and ids are bucket indices)."""
+        return 1 << (self.stack_storage - 1).bit_length()
 
     def cflags(self, mode: str, extra: Sequence[str] = ()) -> list[str]:
         return [
@@ -59,6 +72,8 @@ class ProbeConfig:
             f"-DMAX_THREADS={self.max_threads}",
             f"-DMAX_COUNTS={self.max_counts}",
             f"-DSTACK_STORAGE={self.stack_storage}",
+            f"-DSTACK_SPILL={self.stack_spill_entries}",
+            f"-DSTACK_SPILL_BASE={self.stack_spill_base}",
             f"-DMAX_HIST={self.max_hist}",
             # bcc's Debian build warns about these in kernel headers it does not own.
             "-Wno-macro-redefined",
@@ -83,6 +98,8 @@ class Probe:
     def __init__(self, config: ProbeConfig, facts: KernelFacts | None = None) -> None:
         if config.attach not in ATTACH_MODES:
             raise ProbeError(f"unknown attach mode {config.attach!r}; use one of {', '.join(ATTACH_MODES)}")
+        if config.stack_spill_base + config.stack_spill_entries > _S32_MAX:
+            raise ProbeError(f"stack storage size {config.stack_storage} is too large: stack ids are 32-bit")
         self.config = config
         self.facts = facts or probe_kernel()
         self.mode = ""
@@ -247,11 +264,20 @@ class Probe:
                 pass
         return out
 
+    def _stack_slot(self, stack_id: int) -> tuple[Any, Any]:
+        """The map that holds a stack id (the spill map's ids are offset) and its key there."""
+        base = self.config.stack_spill_base
+        if stack_id >= base:
+            table = self._table(layout.MAP_STACK_SPILL)
+            return table, table.Key(stack_id - base)
+        table = self._table(layout.MAP_STACKS)
+        return table, table.Key(stack_id)
+
     def stack(self, stack_id: int) -> tuple[int, ...] | None:
         """The addresses of a stack id, leaf first; None if the id is not in the map."""
-        table = self._table(layout.MAP_STACKS)
+        table, key = self._stack_slot(stack_id)
         try:
-            trace = table[table.Key(stack_id)]
+            trace = table[key]
         except KeyError:
             return None
         out = []
@@ -262,10 +288,10 @@ class Probe:
         return tuple(out)
 
     def delete_stacks(self, stack_ids: Iterable[int]) -> None:
-        table = self._table(layout.MAP_STACKS)
         for sid in stack_ids:
+            table, key = self._stack_slot(sid)
             with contextlib.suppress(KeyError):
-                del table[table.Key(sid)]
+                del table[key]
 
     def pending_stack_ids(self) -> set[int]:
         """Stack ids held by threads that are switched out now (tracepoint mode captures them

@@ -17,7 +17,7 @@ import pytest
 
 from exporter.probe.loader import Probe, ProbeConfig
 from exporter.snapshot import ZERO, Reason
-from tests.support.inprocess import FLUSH_TIMEOUT, observe, running_pipeline, total, with_function
+from tests.support.inprocess import ATTACH, FLUSH_TIMEOUT, observe, running_pipeline, total, with_function
 from tests.support.workloads import Workload
 
 pytestmark = pytest.mark.kernel
@@ -161,6 +161,21 @@ def test_per_process_aggregation_sums_threads_and_stacks_sum_to_process_total() 
         stacks = sum((s.total for s in snap.samples if s.process == key), ZERO)
         assert stacks == view.total
         assert sum(view.by_reason.values(), ZERO) == view.total
+
+
+def test_stacks_that_collide_in_the_stack_map_are_kept_in_the_spill_map() -> None:
+    # A stack map of two buckets: all but two of the workload's stacks collide there, every run.
+    config = ProbeConfig(attach=ATTACH, per_thread=False, stack_storage=2, stack_spill=16384)
+    with Workload("sleep", threads=3, iterations=30, interval_ms=10) as w:
+        result, snap = observe(w, probe_config=config)
+    assert snap.health.spilled_stacks > 0
+    assert not [k for k in snap.health.lost_stacks if k.endswith("EEXIST")], snap.health.lost_stacks
+    samples = with_function(snap, "offcpu_sleep_ms", w.pid)
+    assert samples, [(s.total, s.stack.folded()) for s in snap.samples if s.process.pid == w.pid]
+    blocks = total([s for s in samples if s.reason is Reason.SLEEPING]).count
+    assert blocks == pytest.approx(sum(t.blocks for t in result.threads), rel=COUNT, abs=SLACK)
+    assert total(samples).ns == pytest.approx(result.blocked_off_ns, rel=TIME)
+    assert not [s for s in samples if "[lost stack" in s.stack.folded()], samples
 
 
 def test_process_matched_by_comm_after_start_and_increases_add_up(probe: Probe) -> None:

@@ -20,7 +20,7 @@ FIXED_METRICS = frozenset({
     "offcpu_block_duration_seconds",
     *(f"offcpu_exporter_{n}" for n in (
         "probe_attached", "probe_hooked_symbol", "lost_stacks_total", "map_entries", "map_capacity",
-        "map_dropped_total", "dropped_seconds_total", "symbolization_failures_total",
+        "map_dropped_total", "dropped_seconds_total", "spilled_stacks_total", "symbolization_failures_total",
         "last_flush_duration_seconds", "flushes_total", "targets", "sink_sent_total", "sink_dropped_total",
         "sink_retried_total", "sink_failed_total", "cardinality_overflow_total", "build_info")),
 })

@@ -4,6 +4,7 @@ tests/e2e/test_probe.py)."""
 
 from __future__ import annotations
 
+from exporter.probe import layout
 from exporter.probe.loader import ProbeConfig, RawKey
 
 
@@ -44,7 +45,7 @@ class KernelMaps:
         pass
 
     def stats(self) -> list[int]:
-        return [0] * 5
+        return [0] * layout.STAT_MAX
 
     def map_sizes(self, counts_entries: int):  # type: ignore[no-untyped-def]
         return {"counts": (counts_entries, self.config.max_counts)}

@@ -30,6 +30,7 @@ int main(void) {
   printf("const STAT_START_DROPPED %d\\n", OFFCPU_STAT_START_DROPPED);
   printf("const STAT_HIST_DROPPED %d\\n", OFFCPU_STAT_HIST_DROPPED);
   printf("const STAT_FILTERED %d\\n", OFFCPU_STAT_FILTERED);
+  printf("const STAT_STACKS_SPILLED %d\\n", OFFCPU_STAT_STACKS_SPILLED);
   printf("const TARGET_WATCH %d\\n", OFFCPU_TARGET_WATCH);
   printf("const TARGET_EXCLUDE %d\\n", OFFCPU_TARGET_EXCLUDE);
   printf("reason RUNNABLE %d\\nreason SLEEPING %d\\nreason UNINTERRUPTIBLE %d\\nreason OTHER %d\\n",
@@ -70,5 +71,5 @@ def test_header_and_python_layouts_agree(tmp_path: Path) -> None:
 def test_bpf_source_declares_the_maps_python_reads() -> None:
     source = (layout.BPF_DIR / layout.SOURCE).read_text()
     for name in (layout.MAP_TARGETS, layout.MAP_START, layout.MAP_COUNTS, layout.MAP_HIST, layout.MAP_STACKS,
-                 layout.MAP_STATS, "children"):
+                 layout.MAP_STACK_SPILL, layout.MAP_STATS, "children"):
         assert f"({name}," in source, name

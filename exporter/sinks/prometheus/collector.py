@@ -112,6 +112,10 @@ class OffCPUCollector:
                 labels=("map",),
             ),
             c("offcpu_exporter_dropped_seconds", "Off-CPU time measured but not stored (counter map full)."),
+            c(
+                "offcpu_exporter_spilled_stacks",
+                "Stack captures that collided in the stack map and were kept in its spill map.",
+            ),
             c("offcpu_exporter_symbolization_failures", "Frames that could not be symbolized."),
             g(
                 "offcpu_exporter_last_flush_duration_seconds",
@@ -220,6 +224,7 @@ class OffCPUCollector:
             for map_name, n in sorted(getattr(h, name).items()):
                 fams[fam].add_metric([map_name], n)
         fams["offcpu_exporter_dropped_seconds"].add_metric([], h.dropped_ns / 1e9)
+        fams["offcpu_exporter_spilled_stacks"].add_metric([], h.spilled_stacks)
         fams["offcpu_exporter_symbolization_failures"].add_metric([], h.symbolization_failures)
         fams["offcpu_exporter_last_flush_duration_seconds"].add_metric([], h.flush_duration_seconds)
         fams["offcpu_exporter_flushes"].add_metric([], h.flushes)

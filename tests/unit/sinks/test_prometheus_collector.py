@@ -264,6 +264,7 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
         map_capacity={"counts": 10240},
         map_dropped={"counts": 3},
         dropped_ns=1_500_000_000,
+        spilled_stacks=6,
         symbolization_failures=2,
         flush_duration_seconds=0.012,
         flushes=9,
@@ -295,6 +296,7 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
     assert samples(text, "offcpu_exporter_map_capacity") == [({"map": "counts"}, 10240.0)]
     assert samples(text, "offcpu_exporter_map_dropped_total") == [({"map": "counts"}, 3.0)]
     assert samples(text, "offcpu_exporter_dropped_seconds_total")[0][1] == 1.5
+    assert samples(text, "offcpu_exporter_spilled_stacks_total") == [({}, 6.0)]
     assert samples(text, "offcpu_exporter_flushes_total")[0][1] == 9
     assert samples(text, "offcpu_exporter_targets")[0][1] == 4
     assert samples(text, "offcpu_exporter_last_flush_duration_seconds")[0][1] == 0.012
