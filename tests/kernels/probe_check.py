@@ -22,9 +22,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
-SOURCE = BPF_DIR / "offcpu.bpf.c"
+from exporter.probe import layout
+from exporter.probe.loader import ProbeConfig
+
+SOURCE = layout.BPF_DIR / layout.SOURCE
 # bcc offcputime's pattern: gcc may emit finish_task_switch as a .isra/.constprop clone.
 DEFAULT_SYMBOL_REGEX = r"^finish_task_switch(\.isra\.\d+|\.constprop\.\d+)*$"
 REASON_SLEEPING = 1  # OFFCPU_REASON_SLEEPING in bpf/offcpu.h
@@ -72,24 +75,16 @@ def choose_mode(attach: str) -> str:
     return "kprobe" if kprobes_available() else "tracepoint"
 
 
-def cflags(mode: str) -> list[str]:
-    # The same defines the exporter's loader passes; unused ones are harmless.
-    return [
-        f"-I{BPF_DIR}",
-        f"-DOFFCPU_ATTACH_{mode.upper()}",
-        "-DPER_THREAD=0",
-        "-DWATCH_ALL=0",
-        "-DFOLLOW_CHILDREN=0",
-        "-DMIN_BLOCK_NS=0ULL",
-        "-DMAX_BLOCK_NS=18446744073709551615ULL",
-        "-DMAX_TARGETS=1024",
-        "-DMAX_THREADS=4096",
-        "-DMAX_COUNTS=4096",
-        "-DSTACK_STORAGE=4096",
-        "-DMAX_HIST=4096",
-        "-Wno-macro-redefined",
-        "-Wno-unknown-warning-option",
-    ]
+# The exporter's own defines (map sizes, stack-id ranges), from its configuration type only: the
+# check loads the source with bcc itself, not through the exporter's loader.
+CONFIG = ProbeConfig(max_targets=1024, max_threads=4096, max_counts=4096, stack_storage=4096, max_hist=4096)
+
+
+def kernel_frames(bpf: Any, stack_id: int) -> list[bytes]:
+    """A kernel stack's symbols; ids from the spill base on are in the spill map (offcpu.bpf.c)."""
+    base = CONFIG.stack_spill_base
+    table, sid = (bpf["stack_spill"], stack_id - base) if stack_id >= base else (bpf["stack_traces"], stack_id)
+    return [bpf.ksym(addr) for addr in table.walk(sid)]
 
 
 def run(mode: str, symbol_regex: str, sleeps: int, sleep_ms: int) -> Result:
@@ -98,7 +93,7 @@ def run(mode: str, symbol_regex: str, sleeps: int, sleep_ms: int) -> Result:
     hooked: tuple[str, ...] = ("sched:sched_switch",)
     t0 = time.monotonic()
     try:
-        bpf = BPF(text=SOURCE.read_bytes(), cflags=cflags(mode))
+        bpf = BPF(text=SOURCE.read_bytes(), cflags=CONFIG.cflags(mode))
     except Exception as e:  # bcc raises a bare Exception carrying the compiler's message
         raise AttachFailed(f"compile/load failed: {e}") from e
     compile_s = time.monotonic() - t0
@@ -124,13 +119,12 @@ def run(mode: str, symbol_regex: str, sleeps: int, sleep_ms: int) -> Result:
         if measured_ns <= 0:
             raise CheckFailed("the workload did not report its sleep time")
 
-        stacks = bpf["stack_traces"]
         count = sleeping = 0
         kernel_ns = 0
         for key, value in bpf["counts"].items():
             if key.tgid != child.pid or key.kernel_stack_id < 0:
                 continue
-            frames = [bpf.ksym(addr) for addr in stacks.walk(key.kernel_stack_id)]
+            frames = kernel_frames(bpf, key.kernel_stack_id)
             if b"do_nanosleep" not in frames:
                 continue
             count += value.count
