@@ -52,6 +52,10 @@ class Symbolizer(Protocol):
 
     def prepare(self, pid: int) -> None: ...
 
+    def generation(self, pid: int) -> int: ...
+
+    def refresh(self, pid: int) -> int: ...
+
     def forget(self, pid: int) -> None: ...
 
     @property
@@ -80,13 +84,12 @@ _LOST_WHY = {
 
 _REASONS = {r.value: r for r in Reason}  # a dict lookup; Reason(value) is a slow Enum call
 
-# A user stack with an address no mapping held is symbolized again a few times, spaced wider than
-# the symbolizer's maps and perf-map re-reads (1 s): the code may have been mapped (dlopen) or
-# JIT-compiled (perf map written) just after the first look. Most such stacks only end in the
-# stray address of a frame-pointer walk through code built without frame pointers, so the retries
-# are bounded.
-_UNRESOLVED_RETRIES = 3
-_UNRESOLVED_RETRY_SECONDS = 2.0
+# A user stack with an address no mapping held is symbolized again at each flush at which the
+# process's maps or perf map changed (Symbolizer.refresh): the code may have been mapped (dlopen) or
+# JIT-compiled (perf map written) just after the first look, and counts go to the stack as it was
+# named when they were read. Most such stacks only end in the stray address of a frame-pointer walk
+# through code built without frame pointers; they are given up on after a while.
+_UNRESOLVED_WINDOW_SECONDS = 30.0
 
 
 def lost_frame(stack_id_or_reason: int | str) -> Frame:
@@ -121,7 +124,8 @@ class Aggregator:
         self._totals: dict[tuple[ProcessKey, int, Reason, Stack], Counter] = {}
         self._kernel_stacks: dict[int, tuple[Frame, ...]] = {}
         self._user_stacks: dict[tuple[int, int], tuple[Frame, ...]] = {}
-        self._unresolved: dict[tuple[int, int], tuple[int, float]] = {}  # -> (retries left, when)
+        # (pid, user stack id) -> (symbolizer generation it was named at, give up after)
+        self._unresolved: dict[tuple[int, int], tuple[int, float]] = {}
         # (symbol pid, user stack id, kernel stack id) -> the Stack made of the two cached halves:
         # the same object (and its cached hash) every flush, instead of a new one per changed key.
         self._stacks: dict[tuple[int, int, int], Stack] = {}
@@ -289,10 +293,12 @@ class Aggregator:
             if addresses is None:
                 self._lost_half("user", -errno.ENOENT, count)
                 return (lost_frame("RECLAIMED"),)
+            # Taken before naming: a re-read during it makes the next flush try again, not never.
+            generation = self.symbolizer.generation(pid)
             frames = self.symbolizer.user(pid, addresses)
             self._user_stacks[(pid, stack_id)] = frames
             if _UNMAPPED in frames:
-                self._unresolved[(pid, stack_id)] = (_UNRESOLVED_RETRIES, time.monotonic() + _UNRESOLVED_RETRY_SECONDS)
+                self._unresolved[(pid, stack_id)] = (generation, time.monotonic() + _UNRESOLVED_WINDOW_SECONDS)
         return frames
 
     def forget_program(self, pid: int) -> None:
@@ -307,11 +313,16 @@ class Aggregator:
             del self._stacks[skey]
 
     def _retry_unresolved(self) -> None:
+        if not self._unresolved:
+            return
         now = time.monotonic()
-        for key, (left, when) in list(self._unresolved.items()):
-            if now < when:
-                continue
+        generations = {pid: self.symbolizer.refresh(pid) for pid in {pid for pid, _ in self._unresolved}}
+        for key, (seen, give_up_at) in list(self._unresolved.items()):
             pid, stack_id = key
+            if generations[pid] == seen:
+                if now >= give_up_at:
+                    del self._unresolved[key]
+                continue
             addresses = self.probe.stack(stack_id)
             if addresses is None or key not in self._user_stacks:
                 del self._unresolved[key]
@@ -322,10 +333,10 @@ class Aggregator:
                 self._user_stacks[key] = frames
                 for skey in [k for k in self._stacks if k[0] == pid and k[1] == stack_id]:
                     del self._stacks[skey]
-            if _UNMAPPED not in frames or left <= 1:
+            if _UNMAPPED not in frames or now >= give_up_at:
                 del self._unresolved[key]
             else:
-                self._unresolved[key] = (left - 1, now + _UNRESOLVED_RETRY_SECONDS)
+                self._unresolved[key] = (generations[pid], give_up_at)
 
     def _expire_processes(self) -> list[ProcessInfo]:
         gone = self.processes.expire(self.config.exited_grace_seconds)

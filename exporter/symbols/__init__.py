@@ -99,6 +99,7 @@ class _Process:
     perf_map: PerfMap | None = None
     perf_map_checked_at: float = -1e9
     nspid: int | None = None
+    generation: int = 0  # bumped whenever its maps or perf map changed: names may differ now
 
 
 class Symbolizer:
@@ -190,6 +191,27 @@ class Symbolizer:
             except Exception as exc:
                 self._log_error(f"process {pid}", exc)
 
+    def generation(self, pid: int) -> int:
+        """A number that changes whenever the maps or the perf map of `pid` changed (see refresh)."""
+        proc = self._processes.get(pid)
+        return proc.generation if proc is not None else 0
+
+    def refresh(self, pid: int) -> int:
+        """Re-read the maps and the perf map of a known process now, unthrottled, and return its
+        generation: a number that changes whenever either changed. A caller holding stacks with
+        unnamed addresses re-symbolizes them when it changed, without waiting for a lookup miss to
+        trigger the (throttled) re-read."""
+        with self._lock:
+            proc = self._processes.get(pid)
+            if proc is None:
+                return 0
+            try:
+                self._read_maps(proc)
+                self._refresh_perf_map(proc)
+            except Exception as exc:
+                self._log_error(f"process {pid}", exc)
+            return proc.generation
+
     def forget(self, pid: int) -> None:
         """The process exited: drop its maps, and the files no other process maps."""
         with self._lock:
@@ -245,8 +267,11 @@ class Symbolizer:
             # a frame-pointer walk through code built without them must not wipe them.
             log.debug("maps of %d now empty: keeping the %d mappings read before", proc.pid, len(proc.maps.mappings))
             return
+        if mappings == proc.maps.mappings:
+            return  # unchanged: the cached frames still hold
         proc.maps = ProcessMaps(mappings)
         proc.frames.clear()
+        proc.generation += 1
         live = {(m.start, m.inode) for m in proc.maps.mappings}
         for k in [k for k in proc.files if k not in live]:
             del proc.files[k]
@@ -439,12 +464,14 @@ class Symbolizer:
             if proc.perf_map is not None:
                 proc.perf_map = None
                 proc.frames.clear()
+                proc.generation += 1
             return
         if proc.perf_map is None or proc.perf_map.path != path:
             proc.perf_map = PerfMap(path)
         if proc.perf_map.refresh():
             # JIT code moves: frames named from the old map may be stale.
             proc.frames.clear()
+            proc.generation += 1
 
     # -- errors ----------------------------------------------------------------------------------
 

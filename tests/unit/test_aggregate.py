@@ -29,6 +29,13 @@ class Names:
     def prepare(self, pid: int) -> None:
         pass
 
+    def generation(self, pid: int) -> int:
+        return 0
+
+    def refresh(self, pid: int) -> int:
+        self.refreshes = getattr(self, "refreshes", 0) + 1
+        return self.generation(pid)
+
     def forget(self, pid: int) -> None:
         pass
 
@@ -150,21 +157,23 @@ def test_new_exporter_run_starts_from_zero(proc: Path) -> None:
 
 
 class LateMapping(Names):
-    """0x20 is in no mapping until `mapped` (a library dlopen'ed, a JIT perf map written)."""
+    """0x20 is in no mapping until `mapped` (a library dlopen'ed, a JIT perf map written); the
+    symbolizer's generation says when its view of the process changed."""
 
     def __init__(self) -> None:
         self.mapped = False
+        self.changes = 0
         self.calls = 0
+
+    def generation(self, pid: int) -> int:
+        return self.changes + self.mapped
 
     def user(self, pid, addresses):  # type: ignore[no-untyped-def]
         self.calls += 1
         return tuple(UNKNOWN if a == 0x20 and not self.mapped else Frame(f"u{a:x}") for a in addresses)
 
 
-def _late_mapping_aggregator(
-    proc: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[KernelMaps, LateMapping, Aggregator]:
-    monkeypatch.setattr(aggregate, "_UNRESOLVED_RETRY_SECONDS", 0.0)
+def _late_mapping_aggregator(proc: Path) -> tuple[KernelMaps, LateMapping, Aggregator]:
     kernel = KernelMaps()
     kernel.stacks = {1: (0x10, 0x20), 2: (0xA,)}
     names = LateMapping()
@@ -173,8 +182,9 @@ def _late_mapping_aggregator(
     return kernel, names, Aggregator(kernel, names, table)  # type: ignore[arg-type]
 
 
-def test_a_stack_with_an_unmapped_address_is_named_again_later(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    kernel, names, agg = _late_mapping_aggregator(proc, monkeypatch)
+def test_a_stack_with_an_unmapped_address_is_named_at_the_next_flush(proc: Path) -> None:
+    # Flushes back to back: the retry follows the symbolizer's view of the process, not a clock.
+    kernel, names, agg = _late_mapping_aggregator(proc)
     kernel.counts[KEY] = (1, 1_000)
     (sample,) = agg.flush().samples
     assert [f.name for f in sample.stack.user] == ["u10", "[unknown]"]
@@ -184,12 +194,33 @@ def test_a_stack_with_an_unmapped_address_is_named_again_later(proc: Path, monke
     # What was counted stays where it was; from now on counts go to the named stack.
     assert by_user[("u10", "[unknown]")].total == Counter(1, 1_000)
     assert by_user[("u10", "u20")].increase == Counter(2, 4_000)
+    assert names.refreshes == 1
 
 
-def test_retries_of_a_stack_that_stays_unmapped_are_bounded(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    kernel, names, agg = _late_mapping_aggregator(proc, monkeypatch)
-    for n in range(1, 10):
+def test_a_stack_that_stays_unmapped_is_named_again_only_when_the_process_changed(proc: Path) -> None:
+    kernel, names, agg = _late_mapping_aggregator(proc)
+    for n in range(1, 6):
         kernel.counts[KEY] = (n, n * 1_000)
         (sample,) = agg.flush().samples
         assert sample.total == Counter(n, n * 1_000)
-    assert names.calls == 1 + aggregate._UNRESOLVED_RETRIES
+    assert names.calls == 1  # nothing changed: nothing to gain from naming it again
+    names.changes += 1  # say, a library was mapped, but not where 0x20 is
+    kernel.counts[KEY] = (6, 6_000)
+    agg.flush()
+    assert names.calls == 2
+    assert [f.name for f in agg.flush().samples[0].stack.user] == ["u10", "[unknown]"]
+
+
+def test_unmapped_stacks_are_given_up_on_after_the_window(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aggregate, "_UNRESOLVED_WINDOW_SECONDS", 0.0)
+    kernel, names, agg = _late_mapping_aggregator(proc)
+    kernel.counts[KEY] = (1, 1_000)
+    agg.flush()
+    names.changes += 1
+    kernel.counts[KEY] = (2, 2_000)
+    agg.flush()  # one last try, then no more
+    names.changes += 1
+    kernel.counts[KEY] = (3, 3_000)
+    agg.flush()
+    assert names.calls == 2
+    assert names.refreshes == 1

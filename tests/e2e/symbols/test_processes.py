@@ -232,6 +232,24 @@ def test_perf_map_reread_when_it_changes(binaries: dict[str, Path], run: RunProg
     assert names(sym.user(program.pid, [start + 100, start])) == ["added_later", "jit_nanosleep_stub"]
 
 
+def test_refresh_rereads_now_and_the_generation_says_what_changed(
+    binaries: dict[str, Path], run: RunProgram
+) -> None:
+    program = run(binaries["pie"])
+    start = program.addresses["jit_nanosleep_stub"]
+    sym = Symbolizer(maps_refresh_interval=3600.0)  # a lookup miss alone would not re-read
+    assert names(sym.user(program.pid, [start + 100])) == ["[unknown]"]
+    before = sym.generation(program.pid)
+    assert sym.refresh(program.pid) == before  # nothing changed
+    with open(f"/tmp/perf-{program.pid}.map", "a") as f:
+        f.write(f"{start + 64:x} 40 added_later\n")
+    after = sym.refresh(program.pid)
+    assert after != before
+    assert sym.generation(program.pid) == after == sym.refresh(program.pid)
+    assert names(sym.user(program.pid, [start + 100])) == ["added_later"]
+    assert sym.refresh(12345678) == 0  # not a process it knows
+
+
 def test_vdso_function(binaries: dict[str, Path], run: RunProgram) -> None:
     program = run(binaries["pie"])
     address = program.addresses["vdso_clock_gettime"]
