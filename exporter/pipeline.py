@@ -14,7 +14,7 @@ from exporter.probe import layout
 from exporter.probe.loader import Probe
 from exporter.ratelimit import RateLimitedLog
 from exporter.sinks import Sink
-from exporter.snapshot import Snapshot
+from exporter.snapshot import ProcessKey, Snapshot
 from exporter.targets import ProcessTable
 
 __all__ = ["Pipeline"]
@@ -45,7 +45,7 @@ class Pipeline:
         self._flushes_done = 0
         self._thread: threading.Thread | None = None
         self._sink_errors = RateLimitedLog(log, interval=60)
-        self._prepared: set[int] = set()
+        self._prepared: dict[int, ProcessKey] = {}  # pid -> the process whose maps were read
 
     # -- what sinks and handlers call (any thread) ----------------------------------------
 
@@ -78,24 +78,32 @@ class Pipeline:
 
     def sync_targets(self) -> None:
         """Make the kernel filter map match the process table."""
-        added, exited = self.processes.refresh()
+        added, _ = self.processes.refresh()
         if added:
             log.info("watching %d new process(es): %s", len(added),
                      ", ".join(f"{p.comm}[{p.pid}]" for p in added[:10]))
-        for info in exited:
-            self._prepared.discard(info.pid)
         for info in self.processes.take_execs():
             # Stacks counted in the moment between the exec and this scan may be named from the new
             # program's maps; from here on they all are.
             log.info("%s[%d] exec'd %s: reading its maps again", info.comm, info.pid, info.exe)
             self.aggregator.forget_program(info.pid)
-            self._prepared.discard(info.pid)
+            self._prepared.pop(info.pid, None)
         self._sync_kernel_filter()
+        watched = self.processes.watched_pids()
         # After the filter, so that the kernel counts while a big binary's symbols load: read each
         # new target's mappings while it is alive, since it may exit before its first flush.
-        for pid in self.processes.watched_pids() - self._prepared:
-            self.aggregator.symbolizer.prepare(pid)
-            self._prepared.add(pid)
+        for info in self.processes.live():
+            prepared = self._prepared.get(info.pid)
+            if prepared == info.key or info.pid not in watched:
+                continue
+            if prepared is not None:
+                # The pid was reused: what was read for the process that held it before (its maps,
+                # kept after its exit to name its last stacks) is not this one's, as after an exec.
+                self.aggregator.forget_program(info.pid)
+            self.aggregator.symbolizer.prepare(info.pid)
+            self._prepared[info.pid] = info.key
+        for pid in [pid for pid in self._prepared if self.processes.latest(pid) is None]:
+            del self._prepared[pid]  # expired: the aggregator has dropped what named it
 
     def _sync_kernel_filter(self) -> None:
         kernel = self.probe.kernel_targets()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from exporter.k8s.cgroup import ContainerIdentity, identify
 from exporter.k8s.metadata import PodMetadata
 from exporter.k8s.selection import WorkloadSelector
+from exporter.procstat import parse_stat
 from exporter.snapshot import ProcessInfo, ProcessKey
 
 __all__ = ["ProcessTable", "TargetRules", "kubernetes_enricher", "kubernetes_predicate", "parse_stat",
@@ -49,16 +50,6 @@ class TargetRules:
         if self.watch_all:
             parts.append("all")
         return ", ".join(parts) or "nothing"
-
-
-def parse_stat(text: str) -> tuple[str, int, int]:
-    """(comm, ppid, start ticks) from /proc/PID/stat. comm may hold spaces and parentheses:
-    it runs from the first '(' to the last ')'."""
-    lpar, rpar = text.index("("), text.rindex(")")
-    comm = text[lpar + 1 : rpar]
-    fields = text[rpar + 2 :].split()
-    # fields[0] is field 3 (state); ppid is field 4, starttime field 22.
-    return comm, int(fields[1]), int(fields[19])
 
 
 def read_process(pid: int, proc_root: str = "/proc", *, with_cmdline: bool = False) -> ProcessInfo | None:

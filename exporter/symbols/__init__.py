@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from exporter.procstat import start_ticks
 from exporter.ratelimit import RateLimitedLog
 from exporter.snapshot import Frame, FrameKind
 from exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS, debug_file_candidates, file_crc32
@@ -100,6 +101,7 @@ class _Process:
     perf_map_checked_at: float = -1e9
     nspid: int | None = None
     generation: int = 0  # bumped whenever its maps or perf map changed: names may differ now
+    start_ticks: int | None = None  # of the process first read under this pid
 
 
 class Symbolizer:
@@ -260,6 +262,8 @@ class Symbolizer:
         except OSError as exc:
             log.debug("cannot read maps of %d: %s", proc.pid, exc)
             text = ""
+        if self._pid_reused(proc):  # checked after the read: then the maps were the process's own
+            return
         mappings = parse_maps(text)
         if not mappings and proc.maps.mappings:
             # The process exited (or its leader is a zombie, whose maps read empty): the maps read
@@ -275,6 +279,18 @@ class Symbolizer:
         live = {(m.start, m.inode) for m in proc.maps.mappings}
         for k in [k for k in proc.files if k not in live]:
             del proc.files[k]
+
+    def _pid_reused(self, proc: _Process) -> bool:
+        """Whether another process holds the pid now. Its maps and perf map would name the stacks of
+        the one that exited with the wrong code: what was read before is kept, and whoever watches
+        the new process calls forget() first."""
+        started = start_ticks(proc.pid, self._proc_root)
+        if proc.start_ticks is None:
+            proc.start_ticks = started
+        elif started is not None and started != proc.start_ticks:
+            log.debug("pid %d now holds a newer process: keeping what was read for the one before", proc.pid)
+            return True
+        return False
 
     def _resolve_user(self, proc: _Process, address: int) -> Frame:
         mapping = proc.maps.find(address)
@@ -456,6 +472,8 @@ class Symbolizer:
 
     def _refresh_perf_map(self, proc: _Process) -> None:
         proc.perf_map_checked_at = time.monotonic()
+        if self._pid_reused(proc):
+            return
         if proc.nspid is None:
             proc.nspid = _namespace_pid(self._proc_root, proc.pid)
         # The process writes /tmp/perf-<its own pid>.map in its own mount namespace.

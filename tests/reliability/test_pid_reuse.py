@@ -110,14 +110,18 @@ def test_exposition_shows_the_new_process_not_the_sum() -> None:
         time.sleep(1.0)
         labels = {"pid": str(first.pid), "user_function": "offcpu_sleep_ms"}
         seen_old = metric_total(exp.get("/metrics").decode(), "offcpu_stack_seconds_total", **labels)
+        exp.wait_for_log(f"offcpu_workload[{first.pid}]")
         second = start_with_pid(first.pid, lambda: Workload("sleep", iterations=10, interval_ms=20))
         try:
-            time.sleep(0.6)
+            # Its sleeps count only once a targets scan has put it in the kernel filter.
+            exp.wait_for_log(f"offcpu_workload[{first.pid}]", count=2)
             second.go()
             new = second.wait()
             time.sleep(1.0)
-            seen_new = metric_total(exp.get("/metrics").decode(), "offcpu_stack_seconds_total", **labels)
+            exposition = exp.get("/metrics").decode()
+            seen_new = metric_total(exposition, "offcpu_stack_seconds_total", **labels)
         finally:
             second.kill()
     assert seen_old == pytest.approx(old.blocked_ns / 1e9, rel=0.05)
-    assert seen_new == pytest.approx(new.blocked_ns / 1e9, rel=0.05)
+    assert seen_new == pytest.approx(new.blocked_ns / 1e9, rel=0.05), "\n".join(
+        line for line in exposition.splitlines() if f'pid="{first.pid}"' in line)

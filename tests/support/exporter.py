@@ -70,6 +70,15 @@ class ExporterProcess:
         self._log.close()
         return self.proc.returncode
 
+    def wait_for_log(self, text: str, count: int = 1, timeout: float = 30.0) -> None:
+        """Until `text` appears `count` times in the log: what a fixed sleep would only hope for on a
+        loaded machine (a targets scan that has picked up a new process, say)."""
+        deadline = time.monotonic() + timeout
+        while self.log().count(text) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} not {count} times in the exporter's log in {timeout} s:\n{self.log()}")
+            time.sleep(0.05)
+
     def log(self) -> str:
         try:
             return self.log_path.read_text()
