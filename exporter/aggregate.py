@@ -17,7 +17,7 @@ import errno
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Protocol
 
@@ -396,9 +396,23 @@ class Aggregator:
                                       by_reason=MappingProxyType(dict(by_reason)),
                                       histogram=tuple(slots) if slots else ())
 
+        health = self._health(duration, counts_entries=len(self._keys))
+        snapshot = Snapshot(
+            sequence=self._sequence,
+            time_ns=now_ns,
+            interval_start_ns=self._last_time_ns,
+            start_time_ns=self.start_time_ns,
+            processes=MappingProxyType(views),
+            samples=tuple(samples),
+            health=health,
+        )
+        self._last_time_ns = now_ns
+        return snapshot
+
+    def _health(self, duration: float, *, counts_entries: int) -> Health:
         stats = self.probe.stats()
-        sizes = self.probe.map_sizes(counts_entries=len(self._keys))
-        health = Health(
+        sizes = self.probe.map_sizes(counts_entries=counts_entries)
+        return Health(
             attach_mode=self.probe.mode,
             hooked_symbols=self.probe.hooked,
             probe_attached=self.probe.attached,
@@ -417,17 +431,13 @@ class Aggregator:
             flushes=self._flushes,
             targets=len(self.processes),
         )
-        snapshot = Snapshot(
-            sequence=self._sequence,
-            time_ns=now_ns,
-            interval_start_ns=self._last_time_ns,
-            start_time_ns=self.start_time_ns,
-            processes=MappingProxyType(views),
-            samples=tuple(samples),
-            health=health,
-        )
-        self._last_time_ns = now_ns
-        return snapshot
+
+    def before_first_flush(self) -> Snapshot:
+        """The snapshot outputs see until the first flush, with the probe's health filled in once
+        it is attached: a scrape right after start must not read as "probe not attached"."""
+        if self._latest.sequence == 0 and self.probe.attached:
+            self._latest = replace(self._latest, health=self._health(0.0, counts_entries=len(self._keys)))
+        return self._latest
 
     @property
     def latest(self) -> Snapshot:

@@ -179,6 +179,9 @@ class Pipeline:
             log.exception("final flush failed")
 
     def start(self) -> None:
+        with self._lock:
+            if self._latest.sequence == 0:
+                self._latest = self.aggregator.before_first_flush()
         self._thread = threading.Thread(target=self.run, name="offcpu-pipeline", daemon=True)
         self._thread.start()
 

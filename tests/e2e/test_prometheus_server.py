@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.prometheus_server import SCRAPE_INTERVAL_S, PrometheusServer, scrape_config
+from tests.reliability.metrics import label_sets
+from tests.reliability.metrics import total as metric_total
 from tests.support.exporter import ExporterProcess
 from tests.support.workloads import Workload
 
@@ -32,6 +34,17 @@ def workload() -> Iterator[Workload]:
     # 2 threads x 1,400 x 20 ms: about 28 s of work, off CPU nearly all the time.
     with Workload("sleep", threads=2, iterations=1400, interval_ms=20) as w:
         yield w
+
+
+def test_a_scrape_before_the_first_flush_shows_the_probe_attached(workload: Workload) -> None:
+    # An alert on offcpu_exporter_probe_attached == 0 must not fire for the first flush interval.
+    with ExporterProcess(["--pid", str(workload.pid), "--flush-interval", "600"]) as exporter:
+        text = exporter.get("/metrics").decode()
+    assert label_sets(text, "offcpu_exporter_probe_attached") in ([{"mode": "tracepoint"}], [{"mode": "kprobe"}])
+    assert metric_total(text, "offcpu_exporter_probe_attached") == 1
+    assert metric_total(text, "offcpu_exporter_targets") == 1
+    assert metric_total(text, "offcpu_exporter_flushes_total") == 0
+    assert metric_total(text, "offcpu_exporter_map_capacity", map="counts") > 0
 
 
 def test_prometheus_scrapes_known_rates_and_exact_stack_sums(tmp_path: Path, workload: Workload) -> None:

@@ -224,3 +224,13 @@ def test_unmapped_stacks_are_given_up_on_after_the_window(proc: Path, monkeypatc
     agg.flush()
     assert names.calls == 2
     assert names.refreshes == 1
+
+
+def test_before_the_first_flush_the_snapshot_says_the_probe_is_attached(proc: Path) -> None:
+    # A scrape right after start must not read as "probe not attached" (an alert) for a flush interval.
+    agg = _aggregator(proc, KernelMaps())
+    first = agg.before_first_flush()
+    health = first.health
+    assert first is agg.latest and first.sequence == 0 and not first.samples
+    assert (health.probe_attached, health.attach_mode, health.targets) == (True, "tracepoint", 1)
+    assert health.map_capacity and health.flushes == 0
