@@ -58,6 +58,11 @@ class ProbeConfig:
         its entries up to a power of two and ids are bucket indices)."""
         return 1 << (self.stack_storage - 1).bit_length()
 
+    def stack_slot(self, stack_id: int) -> tuple[str, int]:
+        """The map that holds a stack id and its index there: the spill map's ids are offset."""
+        base = self.stack_spill_base
+        return (layout.MAP_STACK_SPILL, stack_id - base) if stack_id >= base else (layout.MAP_STACKS, stack_id)
+
     def cflags(self, mode: str, extra: Sequence[str] = ()) -> list[str]:
         return [
             f"-I{layout.BPF_DIR}",
@@ -265,13 +270,9 @@ class Probe:
         return out
 
     def _stack_slot(self, stack_id: int) -> tuple[Any, Any]:
-        """The map that holds a stack id (the spill map's ids are offset) and its key there."""
-        base = self.config.stack_spill_base
-        if stack_id >= base:
-            table = self._table(layout.MAP_STACK_SPILL)
-            return table, table.Key(stack_id - base)
-        table = self._table(layout.MAP_STACKS)
-        return table, table.Key(stack_id)
+        name, index = self.config.stack_slot(stack_id)
+        table = self._table(name)
+        return table, table.Key(index)
 
     def stack(self, stack_id: int) -> tuple[int, ...] | None:
         """The addresses of a stack id, leaf first; None if the id is not in the map."""

@@ -81,10 +81,9 @@ CONFIG = ProbeConfig(max_targets=1024, max_threads=4096, max_counts=4096, stack_
 
 
 def kernel_frames(bpf: Any, stack_id: int) -> list[bytes]:
-    """A kernel stack's symbols; ids from the spill base on are in the spill map (offcpu.bpf.c)."""
-    base = CONFIG.stack_spill_base
-    table, sid = (bpf["stack_spill"], stack_id - base) if stack_id >= base else (bpf["stack_traces"], stack_id)
-    return [bpf.ksym(addr) for addr in table.walk(sid)]
+    """A kernel stack's symbols, from the stack map or the spill map (offcpu.bpf.c)."""
+    name, index = CONFIG.stack_slot(stack_id)
+    return [bpf.ksym(addr) for addr in bpf[name.encode()].walk(index)]
 
 
 def run(mode: str, symbol_regex: str, sleeps: int, sleep_ms: int) -> Result:

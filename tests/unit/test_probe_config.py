@@ -15,6 +15,9 @@ def test_spill_ids_start_at_the_main_maps_bucket_count(storage: int, base: int, 
     assert f"-DSTACK_SPILL_BASE={base}" in config.cflags("tracepoint")
     assert f"-DSTACK_SPILL={spill}" in config.cflags("tracepoint")
     assert ProbeConfig(stack_storage=storage, stack_spill=7).stack_spill_entries == 7
+    assert config.stack_slot(base - 1) == ("stack_traces", base - 1)
+    assert config.stack_slot(base) == ("stack_spill", 0)
+    assert config.stack_slot(base + spill - 1) == ("stack_spill", spill - 1)
 
 
 def test_stack_ids_past_32_bits_are_refused() -> None:
