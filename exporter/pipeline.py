@@ -89,19 +89,19 @@ class Pipeline:
             self.aggregator.forget_program(info.pid)
             self._prepared.pop(info.pid, None)
         self._sync_kernel_filter()
-        watched = self.processes.watched_pids()
         # After the filter, so that the kernel counts while a big binary's symbols load: read each
         # new target's mappings while it is alive, since it may exit before its first flush.
-        for info in self.processes.live():
-            prepared = self._prepared.get(info.pid)
-            if prepared == info.key or info.pid not in watched:
+        for pid in self.processes.watched_pids():
+            current = self.processes.info(pid)
+            prepared = self._prepared.get(pid)
+            if current is None or prepared == current.key:
                 continue
             if prepared is not None:
                 # The pid was reused: what was read for the process that held it before (its maps,
                 # kept after its exit to name its last stacks) is not this one's, as after an exec.
-                self.aggregator.forget_program(info.pid)
-            self.aggregator.symbolizer.prepare(info.pid)
-            self._prepared[info.pid] = info.key
+                self.aggregator.forget_program(pid)
+            self.aggregator.symbolizer.prepare(pid)
+            self._prepared[pid] = current.key
         for pid in [pid for pid in self._prepared if self.processes.latest(pid) is None]:
             del self._prepared[pid]  # expired: the aggregator has dropped what named it
 
