@@ -208,8 +208,8 @@ class Symbolizer:
             if proc is None:
                 return 0
             try:
-                self._read_maps(proc)
-                self._refresh_perf_map(proc)
+                if self._read_maps(proc):
+                    self._refresh_perf_map(proc, owner_checked=True)
             except Exception as exc:
                 self._log_error(f"process {pid}", exc)
             return proc.generation
@@ -254,7 +254,8 @@ class Symbolizer:
             self._read_maps(proc)
         return proc
 
-    def _read_maps(self, proc: _Process) -> None:
+    def _read_maps(self, proc: _Process) -> bool:
+        """Re-read the maps; False if another process holds the pid now (nothing was taken)."""
         proc.maps_read_at = time.monotonic()
         try:
             with open(f"{self._proc_root}/{proc.pid}/maps", encoding="utf-8", errors="surrogateescape") as f:
@@ -263,22 +264,23 @@ class Symbolizer:
             log.debug("cannot read maps of %d: %s", proc.pid, exc)
             text = ""
         if self._pid_reused(proc):  # checked after the read: then the maps were the process's own
-            return
+            return False
         mappings = parse_maps(text)
         if not mappings and proc.maps.mappings:
             # The process exited (or its leader is a zombie, whose maps read empty): the maps read
             # while it lived still name the stacks it left in the kernel maps. A stray address from
             # a frame-pointer walk through code built without them must not wipe them.
             log.debug("maps of %d now empty: keeping the %d mappings read before", proc.pid, len(proc.maps.mappings))
-            return
+            return True
         if mappings == proc.maps.mappings:
-            return  # unchanged: the cached frames still hold
+            return True  # unchanged: the cached frames still hold
         proc.maps = ProcessMaps(mappings)
         proc.frames.clear()
         proc.generation += 1
         live = {(m.start, m.inode) for m in proc.maps.mappings}
         for k in [k for k in proc.files if k not in live]:
             del proc.files[k]
+        return True
 
     def _pid_reused(self, proc: _Process) -> bool:
         """Whether another process holds the pid now. Its maps and perf map would name the stacks of
@@ -470,9 +472,9 @@ class Symbolizer:
             return None
         return Frame(name, FrameKind.JIT, JIT_MODULE)
 
-    def _refresh_perf_map(self, proc: _Process) -> None:
+    def _refresh_perf_map(self, proc: _Process, *, owner_checked: bool = False) -> None:
         proc.perf_map_checked_at = time.monotonic()
-        if self._pid_reused(proc):
+        if not owner_checked and self._pid_reused(proc):
             return
         if proc.nspid is None:
             proc.nspid = _namespace_pid(self._proc_root, proc.pid)
