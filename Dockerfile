@@ -11,17 +11,17 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/offcpu-exporter
-COPY pyproject.toml README.md ./
-COPY exporter/ exporter/
-# The BPF C sources are compiled at start; the loader finds them beside the package (bpf/).
-COPY bpf/ bpf/
-COPY dashboards/ dashboards/
+COPY pyproject.toml README.md LICENSE NOTICE ./
+# The package carries its BPF C sources (offcpu_exporter/bpf/, compiled by bcc at start).
+COPY offcpu_exporter/ offcpu_exporter/
 
 # A virtualenv on the system interpreter that sees Debian's bcc module; the k8s extra brings the
-# Kubernetes client for pod names. Editable, so that the package and bpf/ stay side by side.
+# Kubernetes client for pod names. A plain (not editable) install: the source tree is removed after.
 RUN python3 -m venv --system-site-packages /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir -e '/opt/offcpu-exporter[k8s]' \
- && /opt/venv/bin/python -c 'import bcc, exporter.cli'
+ && /opt/venv/bin/pip install --no-cache-dir '/opt/offcpu-exporter[k8s]' \
+ && cd / && rm -rf /opt/offcpu-exporter \
+ && /opt/venv/bin/python -c 'import bcc, offcpu_exporter.cli'
+WORKDIR /
 
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

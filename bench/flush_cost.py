@@ -11,7 +11,7 @@ echo thread (blocking in an inline read: the echo thread adds one more stack). I
 without end, so every stack changes between two flushes. The real probe and aggregator run in this
 process; flushes are called directly, one every --interval seconds after a warm-up that lasts until
 the stack count stops growing (the first flushes symbolize). The consumer is the Prometheus sink's
-/metrics render when that sink is installed (exporter.sinks.prometheus), and always the folded-stack
+/metrics render when that sink is installed (offcpu_exporter.sinks.prometheus), and always the folded-stack
 render of the profile between two snapshots (Profile.between, as `record` and /flamegraph do).
 A second part feeds the same Aggregator from in-memory maps holding exactly N counters, all growing
 every flush: the user-space cost alone, free of the extra stacks that preemptions of a real
@@ -126,9 +126,9 @@ def generate_source(stacks: int) -> Path:
 def prometheus_render() -> Any:
     """A function snapshot -> seconds for one uncached /metrics render, or None without the sink."""
     try:
-        from exporter.sinks import SinkContext
-        from exporter.sinks.prometheus import PrometheusSink
-        from exporter.web import Request, Routes
+        from offcpu_exporter.sinks import SinkContext
+        from offcpu_exporter.sinks.prometheus import PrometheusSink
+        from offcpu_exporter.web import Request, Routes
     except ImportError:
         return None
     current: list[Any] = [None]
@@ -147,12 +147,12 @@ def prometheus_render() -> Any:
 
 
 def measure_one(stacks: int, flushes: int, interval: float, profile: bool, rate: float) -> dict[str, Any]:
-    from exporter.aggregate import Aggregator
-    from exporter.formats import Profile, render
-    from exporter.pipeline import Pipeline
-    from exporter.probe.loader import Probe, ProbeConfig
-    from exporter.symbols import Symbolizer
-    from exporter.targets import ProcessTable, TargetRules
+    from offcpu_exporter.aggregate import Aggregator
+    from offcpu_exporter.formats import Profile, render
+    from offcpu_exporter.pipeline import Pipeline
+    from offcpu_exporter.probe.loader import Probe, ProbeConfig
+    from offcpu_exporter.symbols import Symbolizer
+    from offcpu_exporter.targets import ProcessTable, TargetRules
 
     binary = build_c(generate_source(stacks), name=f"many_stacks_{stacks}")
     # Paced: a workload that spins on the CPU is preempted at random instructions, and every
@@ -263,12 +263,12 @@ class NamedAddresses:
     failures = 0
 
     def kernel(self, addresses):  # type: ignore[no-untyped-def]
-        from exporter.snapshot import Frame, FrameKind
+        from offcpu_exporter.snapshot import Frame, FrameKind
 
         return tuple(Frame(f"kernel_fn_{a:x}", FrameKind.KERNEL, "[kernel]") for a in addresses)
 
     def user(self, pid, addresses):  # type: ignore[no-untyped-def]
-        from exporter.snapshot import Frame
+        from offcpu_exporter.snapshot import Frame
 
         return tuple(Frame(f"user_fn_{a:x}", module="/usr/bin/app", offset=a) for a in addresses)
 
@@ -283,9 +283,9 @@ def measure_synthetic(stacks: int, flushes: int, gc_paused: bool = False) -> dic
     import gc
     import tempfile as _tempfile
 
-    from exporter.aggregate import Aggregator
-    from exporter.formats import Profile, render
-    from exporter.targets import ProcessTable, TargetRules
+    from offcpu_exporter.aggregate import Aggregator
+    from offcpu_exporter.formats import Profile, render
+    from offcpu_exporter.targets import ProcessTable, TargetRules
 
     with _tempfile.TemporaryDirectory() as root:
         pid = 4242

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exporter.formats import Profile, render
+from offcpu_exporter.formats import Profile, render
 from tests.support.snapshots import snapshot_history
 
 

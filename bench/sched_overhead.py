@@ -58,7 +58,7 @@ LABELS = {
     "perf-cs": "(e') perf record -e context-switches -c 1 -g -p PID",
 }
 
-# The same work as bpf/offcpu.bpf.c in tracepoint mode: stacks captured at switch-out, time and
+# The same work as offcpu_exporter/bpf/offcpu.bpf.c in tracepoint mode: stacks captured at switch-out, time and
 # count per (user stack, kernel stack) charged at switch-in, only for the workload's tgid.
 BPFTRACE_SCRIPT = r"""
 tracepoint:sched:sched_switch
@@ -91,11 +91,11 @@ def nothing(_pid: int) -> Iterator[dict[str, Any]]:
 @contextlib.contextmanager
 def exporter(watch_pid: int, workload_pid: int) -> Iterator[dict[str, Any]]:
     """The real probe, targets, aggregator and pipeline, as `serve` wires them."""
-    from exporter.aggregate import Aggregator
-    from exporter.pipeline import Pipeline
-    from exporter.probe.loader import Probe, ProbeConfig
-    from exporter.symbols import Symbolizer
-    from exporter.targets import ProcessTable, TargetRules
+    from offcpu_exporter.aggregate import Aggregator
+    from offcpu_exporter.pipeline import Pipeline
+    from offcpu_exporter.probe.loader import Probe, ProbeConfig
+    from offcpu_exporter.symbols import Symbolizer
+    from offcpu_exporter.targets import ProcessTable, TargetRules
 
     probe = Probe(ProbeConfig(attach=os.environ.get("OFFCPU_ATTACH", "auto")))
     probe.start()
@@ -266,7 +266,7 @@ def run_once(binary: Path, cpu: int, round_trips: int, depth: int, attach: Attac
 def valid(run: dict[str, Any]) -> bool:
     """A tool that records the switches must have seen (nearly) all of them. perf's
     sched:sched_switch events are dropped while any BPF program on that tracepoint returns 0 (see
-    OFFCPU_KEEP_EVENT in bpf/offcpu.bpf.c; on a shared machine, other jobs' probes), and such a
+    OFFCPU_KEEP_EVENT in offcpu_exporter/bpf/offcpu.bpf.c; on a shared machine, other jobs' probes), and such a
     run would read as no overhead."""
     if "counted_switches" not in run or run.get("bpf_runs") is not None:
         return True

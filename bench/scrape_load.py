@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exporter.sinks import SinkContext
-from exporter.sinks.prometheus import PrometheusSink
-from exporter.web import Routes
-from exporter.web.server import WebOptions, WebServer
+from offcpu_exporter.sinks import SinkContext
+from offcpu_exporter.sinks.prometheus import PrometheusSink
+from offcpu_exporter.web import Routes
+from offcpu_exporter.web.server import WebOptions, WebServer
 from tests.support.snapshots import scrape_snapshot
 
 

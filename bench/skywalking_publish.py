@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exporter.sinks.skywalking import SkyWalkingSink, add_arguments
-from exporter.sinks.skywalking.encode import encode_snapshot
-from exporter.sinks.skywalking.file import FileTransport
-from exporter.snapshot import Counter, Frame, FrameKind, Stack
+from offcpu_exporter.sinks.skywalking import SkyWalkingSink, add_arguments
+from offcpu_exporter.sinks.skywalking.encode import encode_snapshot
+from offcpu_exporter.sinks.skywalking.file import FileTransport
+from offcpu_exporter.snapshot import Counter, Frame, FrameKind, Stack
 from tests.support.snapshots import process, sample, snapshot
 
 FLUSH_S = 5.0

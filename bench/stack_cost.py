@@ -4,7 +4,7 @@ captures, without the user one, without the kernel one, and without either.
     PYTHONPATH=. .venv/bin/python bench/stack_cost.py [--runs 2] [--round-trips 50000]
 
 A diagnostic for bench/sched_overhead.py: the same pinned ping-pong workload, the probe compiled
-from bpf/offcpu.bpf.c with bpf_get_stackid() calls replaced by -EFAULT (a lost stack) in the
+from offcpu_exporter/bpf/offcpu.bpf.c with bpf_get_stackid() calls replaced by -EFAULT (a lost stack) in the
 variants, in the attach mode `auto` picks. Run time per invocation comes from the kernel's BPF
 statistics (kernel.bpf_stats_enabled), CPU time per switch from the workload.
 """
@@ -40,7 +40,7 @@ VARIANTS = {
 @contextlib.contextmanager
 def probe_source(drop_user: bool, drop_kernel: bool) -> Iterator[None]:
     """Point the loader at a copy of bpf/ whose stack captures are removed."""
-    from exporter.probe import layout
+    from offcpu_exporter.probe import layout
 
     original = layout.BPF_DIR
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,7 +62,7 @@ def probe_source(drop_user: bool, drop_kernel: bool) -> Iterator[None]:
 
 
 def measure(runs: int, round_trips: int, depth: int = 16, cpu: int | None = None) -> Result:
-    from exporter.probe.loader import Probe, ProbeConfig
+    from offcpu_exporter.probe.loader import Probe, ProbeConfig
 
     cpu = default_cpu() if cpu is None else cpu
     binary = build_c(WORKLOADS / "pingpong.c")

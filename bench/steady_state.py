@@ -6,7 +6,7 @@ process while a workload makes ~50,000 context switches/s across ~1,000 distinct
 The workload is bench/flush_cost.py's generated program (one user stack per number k, a pipe round
 trip with an echo thread at the bottom), paced to --rate switches/s. The exporter runs as its own
 process, as users run it: `offcpu-exporter serve --pid PID` when the web server is installed
-(exporter.web.server), scraped every 15 s by this script; otherwise `offcpu-exporter record --pid
+(offcpu_exporter.web.server), scraped every 15 s by this script; otherwise `offcpu-exporter record --pid
 PID` (the same probe, aggregation and 5 s flushes, without HTTP). With the OTLP sink installed,
 `serve` also pushes profiles and metrics (default interval) to the project's gRPC test receiver in
 this process. CPU is utime+stime from /proc/PID/stat over the steady window (after --warmup seconds:
@@ -60,7 +60,7 @@ def free_port() -> int:
 def otlp_receiver() -> Any:
     """The project's OTLP gRPC test receiver (real grpc server on loopback), when the OTLP sink
     and its test support are installed; None otherwise."""
-    if importlib.util.find_spec("exporter.sinks.otlp") is None:
+    if importlib.util.find_spec("offcpu_exporter.sinks.otlp") is None:
         return None
     try:
         from tests.support.otlp_receivers import GrpcReceiver
@@ -71,7 +71,7 @@ def otlp_receiver() -> Any:
 
 def measure(duration: float, warmup: float, rate: float, stacks: int) -> Result:
     binary = build_c(generate_source(stacks), name=f"many_stacks_{stacks}")
-    serve = importlib.util.find_spec("exporter.web.server") is not None
+    serve = importlib.util.find_spec("offcpu_exporter.web.server") is not None
     receiver = otlp_receiver() if serve else None
     clock = Stopwatch()
     workload = subprocess.Popen([str(binary), str(rate / 2)], stdout=subprocess.PIPE, text=True)
@@ -87,7 +87,7 @@ def measure(duration: float, warmup: float, rate: float, stacks: int) -> Result:
     else:
         args = ["record", "--pid", str(workload.pid), "--duration", str(warmup + duration + 30), "-o", os.devnull]
     log = tempfile.NamedTemporaryFile("w+", prefix="offcpu-steady-", suffix=".log", delete=False)  # noqa: SIM115
-    exporter = subprocess.Popen([sys.executable, "-m", "exporter", *args, "--log-level", "warning"], cwd=ROOT,
+    exporter = subprocess.Popen([sys.executable, "-m", "offcpu_exporter", *args, "--log-level", "warning"], cwd=ROOT,
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
     scrapes: list[float] = []
     scrape_bytes = 0

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.symbols import Symbolizer
+from offcpu_exporter.symbols import Symbolizer
 
 BUILD = Path(os.environ.get("OFFCPU_BENCH_BUILD", Path(tempfile.gettempdir()) / "offcpu-bench-build"))
 

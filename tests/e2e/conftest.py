@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.probe.loader import Probe, ProbeConfig
+from offcpu_exporter.probe.loader import Probe, ProbeConfig
 from tests.support.inprocess import ATTACH
 
 

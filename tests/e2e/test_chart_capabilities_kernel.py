@@ -67,7 +67,7 @@ def record_with(capabilities: list[str], wrapper: Path, tmp_path: Path) -> tuple
     caps = ",".join(["-all", *(f"+{c.lower()}" for c in capabilities)])
     with Workload("sleep", iterations=20, interval_ms=20, binary=wrapper) as workload:
         proc = subprocess.Popen(
-            ["setpriv", f"--bounding-set={caps}", sys.executable, "-m", "exporter", "record",
+            ["setpriv", f"--bounding-set={caps}", sys.executable, "-m", "offcpu_exporter", "record",
              "--pid", str(workload.pid), "--duration", "2.5", "--format", "folded", "-o", str(out),
              "--kubernetes-metadata", "off"],
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True,

@@ -26,7 +26,7 @@ def parse_folded(text: str) -> dict[str, int]:
 
 def _record(args: list[str], timeout: float = 120) -> subprocess.Popen[bytes]:
     """Start `record` and return once its probe is attached (its log says so on stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "record", *args], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "offcpu_exporter", "record", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stderr is not None
     deadline = time.monotonic() + timeout
@@ -67,7 +67,7 @@ def test_record_text_shows_kernel_then_user_frames() -> None:
 
 
 def test_min_block_filters_short_blocks_in_the_kernel() -> None:
-    from exporter.probe.loader import ProbeConfig
+    from offcpu_exporter.probe.loader import ProbeConfig
     from tests.support.inprocess import ATTACH
 
     # 2^15 us, a slot boundary of the workload's own per-call histogram: calls at least that long
@@ -82,6 +82,6 @@ def test_min_block_filters_short_blocks_in_the_kernel() -> None:
     kept = total(with_function(snap, "offcpu_sleep_ms", w.pid)).count
     long_calls = sum(result.threads[0].hist[16:])
     assert abs(kept - long_calls) <= 1
-    from exporter.probe import layout
+    from offcpu_exporter.probe import layout
 
     assert stats[layout.STAT_FILTERED] >= 20 - long_calls - 1

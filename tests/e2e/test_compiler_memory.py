@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from exporter.probe.compiler_memory import compiler_code_mappings
+from offcpu_exporter.probe.compiler_memory import compiler_code_mappings
 from tests.support.exporter import ExporterProcess
 
 pytestmark = pytest.mark.kernel

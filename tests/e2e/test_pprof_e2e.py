@@ -20,11 +20,11 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from exporter import cli
-from exporter.sinks import SinkContext
-from exporter.sinks import pprof as pprof_sink
-from exporter.snapshot import Snapshot
-from exporter.web import Request, Response, Routes
+from offcpu_exporter import cli
+from offcpu_exporter.sinks import SinkContext
+from offcpu_exporter.sinks import pprof as pprof_sink
+from offcpu_exporter.snapshot import Snapshot
+from offcpu_exporter.web import Request, Response, Routes
 from tests.support import chromium
 from tests.support.exporter import ExporterProcess
 from tests.support.gopprof import go_pprof, top_cum
@@ -176,7 +176,7 @@ def test_record_html_shows_the_function(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "exporter",
+                "offcpu_exporter",
                 "record",
                 "--pid",
                 str(w.pid),
@@ -221,7 +221,7 @@ def test_record_progress_only_on_a_terminal(tmp_path: Path) -> None:
                 [
                     sys.executable,
                     "-m",
-                    "exporter",
+                    "offcpu_exporter",
                     "record",
                     "--pid",
                     str(w.pid),

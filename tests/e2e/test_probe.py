@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from exporter.probe.loader import Probe, ProbeConfig
-from exporter.snapshot import ZERO, Reason
+from offcpu_exporter.probe.loader import Probe, ProbeConfig
+from offcpu_exporter.snapshot import ZERO, Reason
 from tests.support.inprocess import ATTACH, FLUSH_TIMEOUT, observe, running_pipeline, total, with_function
 from tests.support.workloads import Workload
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.probe.loader import Probe
-from exporter.snapshot import Reason
+from offcpu_exporter.probe.loader import Probe
+from offcpu_exporter.snapshot import Reason
 from tests.e2e.test_probe import COUNT, SLACK, _in_window
 from tests.support.inprocess import observe, total
 from tests.support.workloads import Workload

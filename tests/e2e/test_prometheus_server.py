@@ -122,7 +122,7 @@ def promtool_check(body: bytes) -> None:
     ],
 )
 def test_bad_web_and_prometheus_options_exit_2_with_one_line(args: list[str], message: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "exporter", "serve", "--pid", "1", "--web.listen-address",
+    r = subprocess.run([sys.executable, "-m", "offcpu_exporter", "serve", "--pid", "1", "--web.listen-address",
                         "127.0.0.1:0", *args], capture_output=True, text=True, timeout=120,
                        cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 2, r.stderr

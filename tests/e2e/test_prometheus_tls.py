@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sinks import SinkContext
-from exporter.sinks.prometheus import PrometheusSink
-from exporter.web import Routes
-from exporter.web.server import WebOptions, WebServer
+from offcpu_exporter.sinks import SinkContext
+from offcpu_exporter.sinks.prometheus import PrometheusSink
+from offcpu_exporter.web import Routes
+from offcpu_exporter.web.server import WebOptions, WebServer
 from tests.e2e.prometheus_server import PrometheusServer, scrape_config
 from tests.support.snapshots import Builder, many_stacks, process
 from tests.support.tls import self_signed

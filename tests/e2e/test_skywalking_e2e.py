@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sinks.skywalking.delimited import read_messages
-from exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.sinks.skywalking.delimited import read_messages
+from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
 from tests.support.exporter import ROOT, ExporterProcess
 from tests.support.skywalking_oap import FakeOap, Task, oap_process_id
 from tests.support.workloads import Workload, WorkloadResult
@@ -169,7 +169,7 @@ def test_skywalking_dump_prints_a_served_file(tmp_path: Path) -> None:
     with Workload("sleep", iterations=ITERATIONS, interval_ms=INTERVAL_MS) as workload:
         run_exporter(["--skywalking-file", str(path)], workload)
     out = subprocess.run(
-        [sys.executable, "-m", "exporter", "skywalking-dump", str(path)],
+        [sys.executable, "-m", "offcpu_exporter", "skywalking-dump", str(path)],
         capture_output=True,
         text=True,
         check=True,

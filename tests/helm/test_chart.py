@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter import cli
+from offcpu_exporter import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "offcpu-exporter"
@@ -190,8 +190,8 @@ def test_all_on_wiring() -> None:
 def test_the_exporter_loads_the_chart_web_config(tmp_path: Path) -> None:
     # The exporter's own web-config loader reads what the chart writes; the TLS files it names are the
     # mounted Secret's, made here with openssl and put where the config says (under tmp_path).
-    from exporter.web.auth import BasicAuth
-    from exporter.web.config import load_web_config
+    from offcpu_exporter.web.auth import BasicAuth
+    from offcpu_exporter.web.config import load_web_config
 
     text = one(render(ALL_ON), "Secret")["stringData"]["web-config.yml"]
     tls_dir = tmp_path / "etc" / "offcpu-exporter" / "tls"
@@ -230,9 +230,10 @@ def test_bad_values_are_refused() -> None:
 def _unregistered_sink_flags() -> tuple[str, ...]:
     # Flags of outputs that exist as chart values but whose module is not (yet) wired into the CLI:
     # sinks not in SINK_MODULES, and the web server's options while the CLI has its stand-in.
-    flags = {"exporter.sinks.otlp": ("--otlp-", "--no-otlp-"), "exporter.sinks.skywalking": ("--skywalking-",)}
+    flags = {"offcpu_exporter.sinks.otlp": ("--otlp-", "--no-otlp-"),
+             "offcpu_exporter.sinks.skywalking": ("--skywalking-",)}
     pending = [p for module, prefixes in flags.items() if module not in cli.SINK_MODULES for p in prefixes]
-    if importlib.util.find_spec("exporter.web.server") is None:
+    if importlib.util.find_spec("offcpu_exporter.web.server") is None:
         pending.append("--web.config.file")
     return tuple(pending)
 
@@ -272,7 +273,8 @@ def test_dockerfile_builds_what_the_chart_runs() -> None:
     run = " ".join(rest for word, rest in steps if word == "RUN")
     assert "python3-bpfcc" in run and "--system-site-packages" in run and "[k8s]" in run
     copied = {rest.split()[0].rstrip("/") for word, rest in steps if word == "COPY"}
-    assert {"exporter", "bpf", "pyproject.toml"} <= copied
+    assert {"offcpu_exporter", "pyproject.toml"} <= copied
+    assert "pip install --no-cache-dir '/opt/offcpu-exporter[k8s]'" in run  # a plain install, not -e
     assert json.loads(dict(steps)["ENTRYPOINT"]) == ["offcpu-exporter"]
     assert json.loads(dict(steps)["CMD"]) == ["serve"]
     # The chart's default image is this one's name at the chart's appVersion.

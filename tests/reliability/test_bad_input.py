@@ -17,16 +17,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.symbols.elf import ElfFormatError, read_elf
-from exporter.symbols.rootfs import resolve_in_root
-from exporter.targets import ProcessTable, TargetRules
+from offcpu_exporter.symbols.elf import ElfFormatError, read_elf
+from offcpu_exporter.symbols.rootfs import resolve_in_root
+from offcpu_exporter.targets import ProcessTable, TargetRules
 from tests.reliability.metrics import label_sets, total
 from tests.support.exporter import ROOT, ExporterProcess
 from tests.support.workloads import Workload, build
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "offcpu_exporter", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
 
 
@@ -182,7 +182,7 @@ def test_a_hostile_process_name_is_escaped_in_the_exposition_and_in_the_log(tmp_
 def test_log_formatter_escapes_control_characters() -> None:
     import logging
 
-    from exporter.logfmt import EscapingFormatter
+    from offcpu_exporter.logfmt import EscapingFormatter
 
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "process %s started", ("evil\nFAKE ERROR\r\x1b[31m",),
                                None)

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.sinks.prometheus.collector import OffCPUCollector
-from exporter.sinks.prometheus.selection import Selection
+from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
+from offcpu_exporter.sinks.prometheus.selection import Selection
 from tests.support.snapshots import Builder, process, stack
 
 SECRET = "hunter2-s3cr3t"

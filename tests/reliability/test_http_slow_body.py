@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 
-from exporter.web.server import WebOptions, WebServer
+from offcpu_exporter.web.server import WebOptions, WebServer
 from tests.unit.web.test_web_server import get, make_routes
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.privileges import CAP_NAMES, current_capabilities, kept_after_attach
+from offcpu_exporter.privileges import CAP_NAMES, current_capabilities, kept_after_attach
 from tests.e2e.test_chart_capabilities_kernel import NOBODY, other_users_binary  # noqa: F401 (a fixture)
 from tests.reliability.metrics import total
 from tests.support.exporter import ROOT, ExporterProcess
@@ -82,13 +82,13 @@ def test_current_capabilities_reads_status() -> None:
 
 
 def test_exporter_never_runs_programs() -> None:
-    """Nothing in exporter/ starts a process (so nothing from a watched process is executed):
+    """Nothing in offcpu_exporter/ starts a process (so nothing from a watched process is executed):
     no subprocess, os.system/exec*/spawn*/popen, no ctypes-loaded library from a target."""
     forbidden_modules = {"subprocess", "pty", "multiprocessing"}
     forbidden_calls = {"system", "popen", "execv", "execve", "execvp", "execl", "execlp", "execle", "execvpe",
                        "spawnv", "spawnve", "spawnl", "posix_spawn", "posix_spawnp", "fork", "forkpty"}
     found = []
-    for path in (ROOT / "exporter").rglob("*.py"):
+    for path in (ROOT / "offcpu_exporter").rglob("*.py"):
         if "/proto/" in str(path) and path.name.endswith("_pb2_grpc.py"):
             continue
         tree = ast.parse(path.read_text(), str(path))
@@ -107,7 +107,7 @@ def test_exporter_never_runs_programs() -> None:
 def test_doctor_names_the_capabilities_kept_after_attach() -> None:
     import io
 
-    from exporter.doctor import run_doctor
+    from offcpu_exporter.doctor import run_doctor
 
     out = io.StringIO()
     run_doctor(out=out)
@@ -119,7 +119,7 @@ def test_doctor_names_the_capabilities_kept_after_attach() -> None:
 
 
 def test_drop_privileges_from_a_config_file(tmp_path: Path) -> None:
-    from exporter.cli import parse_args
+    from offcpu_exporter.cli import parse_args
 
     path = tmp_path / "c.yml"
     path.write_text("drop-privileges: true\n")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from exporter.snapshot import ZERO, Snapshot
+from offcpu_exporter.snapshot import ZERO, Snapshot
 from tests.reliability.metrics import total as metric_total
 from tests.support.exporter import ExporterProcess
 from tests.support.inprocess import running_pipeline, total, with_function

@@ -28,7 +28,7 @@ class ExporterProcess:
                  env: dict[str, str] | None = None, scheme: str = "http") -> None:
         self.port = port or free_port()
         self.url = f"{scheme}://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-m", "exporter", "serve", "--web.listen-address", f"127.0.0.1:{self.port}",
+        self.args = [sys.executable, "-m", "offcpu_exporter", "serve", "--web.listen-address", f"127.0.0.1:{self.port}",
                      *args]
         self.ready_timeout = ready_timeout
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}

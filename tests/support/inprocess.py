@@ -9,12 +9,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from exporter.aggregate import AggregateConfig, Aggregator
-from exporter.pipeline import Pipeline
-from exporter.probe.loader import Probe, ProbeConfig
-from exporter.snapshot import Counter, Snapshot, StackSample
-from exporter.symbols import Symbolizer
-from exporter.targets import ProcessTable, TargetRules
+from offcpu_exporter.aggregate import AggregateConfig, Aggregator
+from offcpu_exporter.pipeline import Pipeline
+from offcpu_exporter.probe.loader import Probe, ProbeConfig
+from offcpu_exporter.snapshot import Counter, Snapshot, StackSample
+from offcpu_exporter.symbols import Symbolizer
+from offcpu_exporter.targets import ProcessTable, TargetRules
 from tests.support.workloads import Workload, WorkloadResult
 
 ATTACH = os.environ.get("OFFCPU_ATTACH", "auto")

@@ -4,8 +4,8 @@ tests/e2e/test_probe.py)."""
 
 from __future__ import annotations
 
-from exporter.probe import layout
-from exporter.probe.loader import ProbeConfig, RawKey
+from offcpu_exporter.probe import layout
+from offcpu_exporter.probe.loader import ProbeConfig, RawKey
 
 
 class KernelMaps:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping, Sequence
 
-from exporter.sinks import SinkContext
-from exporter.sinks.otlp import OtlpSink
-from exporter.sinks.otlp.options import OtlpConfig, add_arguments, resolve
-from exporter.snapshot import Snapshot
-from exporter.web import Routes
+from offcpu_exporter.sinks import SinkContext
+from offcpu_exporter.sinks.otlp import OtlpSink
+from offcpu_exporter.sinks.otlp.options import OtlpConfig, add_arguments, resolve
+from offcpu_exporter.snapshot import Snapshot
+from offcpu_exporter.web import Routes
 
 __all__ = ["config_from_args", "context_of", "sink_from_args"]
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from exporter.sinks.skywalking.proto.common import Command_pb2, Common_pb2
-from exporter.sinks.skywalking.proto.ebpf.profiling import (
+from offcpu_exporter.sinks.skywalking.proto.common import Command_pb2, Common_pb2
+from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import (
     Process_pb2,
     Process_pb2_grpc,
     Profile_pb2,

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 
-from exporter.snapshot import (
+from offcpu_exporter.snapshot import (
     Counter,
     Frame,
     FrameKind,

@@ -46,7 +46,7 @@ class ThreadResult:
     oncpu_ns: int
     runq_ns: int
     switches: int  # times switched in between the two schedstat reads (schedstat field 3)
-    hist: list[int]  # its blocking calls per duration slot (sleep mode), slots as bpf/offcpu.h
+    hist: list[int]  # its blocking calls per duration slot (sleep mode), slots as offcpu_exporter/bpf/offcpu.h
 
 
 @dataclass

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter import aggregate
-from exporter.aggregate import AggregateConfig, Aggregator, increase
-from exporter.probe.loader import RawKey
-from exporter.snapshot import ZERO, Counter, Frame, FrameKind, Reason
-from exporter.symbols import UNKNOWN
-from exporter.targets import ProcessTable, TargetRules
+from offcpu_exporter import aggregate
+from offcpu_exporter.aggregate import AggregateConfig, Aggregator, increase
+from offcpu_exporter.probe.loader import RawKey
+from offcpu_exporter.snapshot import ZERO, Counter, Frame, FrameKind, Reason
+from offcpu_exporter.symbols import UNKNOWN
+from offcpu_exporter.targets import ProcessTable, TargetRules
 from tests.support.kernel_maps import KernelMaps
 
 

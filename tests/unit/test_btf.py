@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.probe.btf import BtfError, struct_member_offsets
+from offcpu_exporter.probe.btf import BtfError, struct_member_offsets
 
 VMLINUX = Path("/sys/kernel/btf/vmlinux")
 

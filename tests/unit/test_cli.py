@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import parse_args
+from offcpu_exporter.cli import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "offcpu_exporter", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
 
 

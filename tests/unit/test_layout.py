@@ -1,4 +1,4 @@
-"""bpf/offcpu.h and exporter/probe/layout.py describe the same structs: checked with the C compiler."""
+"""bpf/offcpu.h and probe/layout.py (in offcpu_exporter/) describe the same structs: checked with the C compiler."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ctypes
 import subprocess
 from pathlib import Path
 
-from exporter.probe import layout
+from offcpu_exporter.probe import layout
 
 PROGRAM = """
 #include <stdio.h>
@@ -50,7 +50,7 @@ def _c_layout(tmp_path: Path) -> list[list[str]]:
 
 
 def test_header_and_python_layouts_agree(tmp_path: Path) -> None:
-    from exporter.snapshot import Reason
+    from offcpu_exporter.snapshot import Reason
 
     structs = layout.STRUCTS
     checked = 0

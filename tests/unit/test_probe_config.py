@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.probe.loader import Probe, ProbeConfig, ProbeError
+from offcpu_exporter.probe.loader import Probe, ProbeConfig, ProbeError
 
 
 @pytest.mark.parametrize(("storage", "base", "spill"), [(1, 1, 1), (2, 2, 1), (100, 128, 25), (16384, 16384, 4096)])

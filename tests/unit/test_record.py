@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import cli
-from exporter.record import Progress, RecordSink
+from offcpu_exporter import cli
+from offcpu_exporter.record import Progress, RecordSink
 from tests.support.snapshots import make_after, make_before, workload_snapshot
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporter.targets import ProcessTable, TargetRules, parse_stat
+from offcpu_exporter.targets import ProcessTable, TargetRules, parse_stat
 
 
 def _proc(root: Path, pid: int, comm: str, start: int, tgid: int | None = None) -> None:

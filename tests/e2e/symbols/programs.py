@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.formats import folded
+from offcpu_exporter.formats import folded
 
 SOURCES = Path(__file__).parent
 READY = "ready"
@@ -116,7 +116,7 @@ class Recorder:
 
     def __init__(self, pids: list[int], duration: float) -> None:
         # Debug logging: the symbolizer says which files and debug files it used, for failure messages.
-        argv = [sys.executable, "-m", "exporter", "record", "--log-level", "debug", "--format", "folded"]
+        argv = [sys.executable, "-m", "offcpu_exporter", "record", "--log-level", "debug", "--format", "folded"]
         argv += ["--duration", str(duration)]
         for pid in pids:
             argv += ["--pid", str(pid)]
@@ -145,7 +145,7 @@ class Recorder:
                 pytest.fail("exporter did not attach: " + "".join(self.stderr[-20:]))
 
     def log_tail(self, lines: int = 40) -> str:
-        return "".join(line for line in self.stderr if "exporter.symbols" in line)[-6000:] + "".join(
+        return "".join(line for line in self.stderr if "offcpu_exporter.symbols" in line)[-6000:] + "".join(
             self.stderr[-lines:]
         )
 

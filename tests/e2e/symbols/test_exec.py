@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from exporter.aggregate import Aggregator
-from exporter.pipeline import Pipeline
-from exporter.probe.loader import RawKey
-from exporter.snapshot import Reason
-from exporter.symbols import Symbolizer
-from exporter.targets import ProcessTable, TargetRules
+from offcpu_exporter.aggregate import Aggregator
+from offcpu_exporter.pipeline import Pipeline
+from offcpu_exporter.probe.loader import RawKey
+from offcpu_exporter.snapshot import Reason
+from offcpu_exporter.symbols import Symbolizer
+from offcpu_exporter.targets import ProcessTable, TargetRules
 from tests.e2e.symbols.programs import Program, compile_c
 from tests.support.kernel_maps import KernelMaps
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from exporter.snapshot import FrameKind
-from exporter.symbols import Symbolizer
+from offcpu_exporter.snapshot import FrameKind
+from offcpu_exporter.symbols import Symbolizer
 from tests.e2e.symbols.programs import Program, compile_c, need
 
 RunProgram = Callable[..., Program]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.snapshot import Snapshot
+from offcpu_exporter.snapshot import Snapshot
 from tests.support.snapshots import make_after, make_before
 
 

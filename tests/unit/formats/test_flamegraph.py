@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from exporter.formats import Profile, render
-from exporter.formats import flamegraph as flamegraph_format
-from exporter.snapshot import Counter, Frame, FrameKind, Reason, Snapshot, Stack
+from offcpu_exporter.formats import Profile, render
+from offcpu_exporter.formats import flamegraph as flamegraph_format
+from offcpu_exporter.snapshot import Counter, Frame, FrameKind, Reason, Snapshot, Stack
 from tests.support import chromium
 from tests.support.snapshots import OTHER, workload_snapshot
 

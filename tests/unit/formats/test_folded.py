@@ -3,9 +3,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.formats import Profile, render
-from exporter.formats import folded as folded_format
-from exporter.snapshot import Snapshot
+from offcpu_exporter.formats import Profile, render
+from offcpu_exporter.formats import folded as folded_format
+from offcpu_exporter.snapshot import Snapshot
 
 
 def test_round_trip_sums_to_process_totals(before: Snapshot, after: Snapshot) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.formats.proto import regenerate
+from offcpu_exporter.formats.proto import regenerate
 
 
 def serialized_descriptor(module: Path) -> bytes:
@@ -24,7 +24,7 @@ def test_generated_module_is_current(tmp_path: Path) -> None:
     fresh_py, fresh_pyi = regenerate.generate(tmp_path)
     committed = regenerate.HERE / fresh_py.name
     assert serialized_descriptor(committed) == serialized_descriptor(fresh_py), (
-        f"{committed} is stale: run python -m exporter.formats.proto.regenerate"
+        f"{committed} is stale: run python -m offcpu_exporter.formats.proto.regenerate"
     )
     stub = (regenerate.HERE / fresh_pyi.name).read_text()
     for message in ("Profile", "ValueType", "Sample", "Label", "Mapping", "Location", "Line", "Function"):
@@ -32,15 +32,15 @@ def test_generated_module_is_current(tmp_path: Path) -> None:
 
 
 def test_descriptor_name_is_qualified() -> None:
-    from exporter.formats.proto import profile_pb2
+    from offcpu_exporter.formats.proto import profile_pb2
 
-    assert profile_pb2.DESCRIPTOR.name == "exporter/formats/proto/profile.proto"
+    assert profile_pb2.DESCRIPTOR.name == "offcpu_exporter/formats/proto/profile.proto"
     assert profile_pb2.DESCRIPTOR.package == "perftools.profiles"
 
 
 def test_field_numbers_are_the_wire_contract() -> None:
     """The numbers from the pprof schema (specs/otlp-and-pprof.md); a renumbering breaks every reader."""
-    from exporter.formats.proto import profile_pb2 as pb
+    from offcpu_exporter.formats.proto import profile_pb2 as pb
 
     expected = {
         pb.Profile: {

@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from exporter.formats import Profile, ProfileFilter
-from exporter.snapshot import Counter, Reason, Snapshot
+from offcpu_exporter.formats import Profile, ProfileFilter
+from offcpu_exporter.snapshot import Counter, Reason, Snapshot
 from tests.support.snapshots import OTHER, WORKLOAD, WORKLOAD_LOCK, WORKLOAD_SLEEP, workload_snapshot
 
 

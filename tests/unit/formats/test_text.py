@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from exporter.formats import Profile, render
-from exporter.formats import text as text_format
-from exporter.snapshot import Snapshot
+from offcpu_exporter.formats import Profile, render
+from offcpu_exporter.formats import text as text_format
+from offcpu_exporter.snapshot import Snapshot
 from tests.support.snapshots import WORKLOAD_PIPE, WORKLOAD_SLEEP
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.k8s.cgroup import ContainerIdentity, identify, parse_cgroup
+from offcpu_exporter.k8s.cgroup import ContainerIdentity, identify, parse_cgroup
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
 CASES = {k: v for k, v in json.loads((FIXTURES / "cases.json").read_text()).items() if not k.startswith("_")}

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from exporter.k8s.cgroup import ContainerIdentity, parse_cgroup
-from exporter.k8s.metadata import PodMetadata, WorkloadNames, build_index
-from exporter.k8s.selection import WorkloadSelector
+from offcpu_exporter.k8s.cgroup import ContainerIdentity, parse_cgroup
+from offcpu_exporter.k8s.metadata import PodMetadata, WorkloadNames, build_index
+from offcpu_exporter.k8s.selection import WorkloadSelector
 from tests.support.kubernetes_api import NODE, FakeApi, authorized, pod
 
 CID_WEB = "40c03570b6f4c30bc8d69923d37ee698f5cfcced92c7b7df1c47f6f7887378a9"

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from exporter.k8s.cgroup import ContainerIdentity
-from exporter.k8s.metadata import PodMetadata
-from exporter.k8s.selection import WorkloadSelector, add_arguments
+from offcpu_exporter.k8s.cgroup import ContainerIdentity
+from offcpu_exporter.k8s.metadata import PodMetadata
+from offcpu_exporter.k8s.selection import WorkloadSelector, add_arguments
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,7 +61,7 @@ def test_without_the_api_names_select_nothing() -> None:
 
 
 def test_cli_refuses_all_with_kubernetes_selectors(capsys: pytest.CaptureFixture[str]) -> None:
-    from exporter import cli
+    from offcpu_exporter import cli
 
     with pytest.raises(SystemExit) as exited:
         cli.parse_args(["serve", "--all", "--namespace", "shop"])
@@ -70,7 +70,7 @@ def test_cli_refuses_all_with_kubernetes_selectors(capsys: pytest.CaptureFixture
 
 
 def test_cli_names_need_the_api_outside_a_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporter import cli
+    from offcpu_exporter import cli
 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     options = cli.parse_args(["record", "--namespace", "shop", "--duration", "1"])

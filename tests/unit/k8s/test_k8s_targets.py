@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from exporter.k8s.metadata import PodMetadata
-from exporter.k8s.selection import WorkloadSelector
-from exporter.targets import ProcessTable, TargetRules, kubernetes_enricher, kubernetes_predicate
+from offcpu_exporter.k8s.metadata import PodMetadata
+from offcpu_exporter.k8s.selection import WorkloadSelector
+from offcpu_exporter.targets import ProcessTable, TargetRules, kubernetes_enricher, kubernetes_predicate
 
 UID_SHOP = "dde1244b-5bb5-4297-b544-85f3bc0d80bf"
 UID_BATCH = "042efd86-1f3b-4f2f-8736-f31c58e95bbc"

@@ -12,11 +12,11 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from exporter.formats.proto import profile_pb2 as pb
-from exporter.sinks import SinkContext
-from exporter.sinks import pprof as pprof_sink
-from exporter.snapshot import Counter, Snapshot
-from exporter.web import Request, Response, Routes
+from offcpu_exporter.formats.proto import profile_pb2 as pb
+from offcpu_exporter.sinks import SinkContext
+from offcpu_exporter.sinks import pprof as pprof_sink
+from offcpu_exporter.snapshot import Counter, Snapshot
+from offcpu_exporter.web import Request, Response, Routes
 from tests.support.snapshots import WORKLOAD, make_after, make_before, workload_snapshot
 
 

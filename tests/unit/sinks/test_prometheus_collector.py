@@ -14,13 +14,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.sinks import SinkContext, SinkStats
-from exporter.sinks import prometheus as prom_sink
-from exporter.sinks.prometheus.collector import OffCPUCollector
-from exporter.sinks.prometheus.exposition import ExpositionCache
-from exporter.sinks.prometheus.selection import Selection
-from exporter.snapshot import HISTOGRAM_BUCKETS_US, Health, Reason, Snapshot
-from exporter.web import Request, Routes
+from offcpu_exporter.sinks import SinkContext, SinkStats
+from offcpu_exporter.sinks import prometheus as prom_sink
+from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
+from offcpu_exporter.sinks.prometheus.exposition import ExpositionCache
+from offcpu_exporter.sinks.prometheus.selection import Selection
+from offcpu_exporter.snapshot import HISTOGRAM_BUCKETS_US, Health, Reason, Snapshot
+from offcpu_exporter.web import Request, Routes
 from tests.support.snapshots import SEC, Builder, many_stacks, process, stack
 
 

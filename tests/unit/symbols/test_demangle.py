@@ -1,4 +1,4 @@
-from exporter.symbols.demangle import demangle
+from offcpu_exporter.symbols.demangle import demangle
 
 
 def test_cxx() -> None:

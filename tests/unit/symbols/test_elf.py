@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from exporter.symbols.elf import ElfFormatError, RawSymbols, SymbolTable, read_elf
+from offcpu_exporter.symbols.elf import ElfFormatError, RawSymbols, SymbolTable, read_elf
 
 ASM = r"""
     .text

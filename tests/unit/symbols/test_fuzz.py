@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.snapshot import Frame, FrameKind
-from exporter.symbols import Symbolizer
-from exporter.symbols.elf import SymbolTable, read_elf
-from exporter.symbols.perfmap import PerfMap
+from offcpu_exporter.snapshot import Frame, FrameKind
+from offcpu_exporter.symbols import Symbolizer
+from offcpu_exporter.symbols.elf import SymbolTable, read_elf
+from offcpu_exporter.symbols.perfmap import PerfMap
 from tests.unit.symbols.fakeproc import FakeProc
 
 SOURCE = r"""

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.snapshot import FrameKind
-from exporter.symbols import Symbolizer
-from exporter.symbols import kernel as kernel_module
+from offcpu_exporter.snapshot import FrameKind
+from offcpu_exporter.symbols import Symbolizer
+from offcpu_exporter.symbols import kernel as kernel_module
 
 KALLSYMS = """\
 ffffffff81000000 T _text
@@ -73,7 +73,7 @@ def test_kptr_restrict_zero_addresses(tmp_path: Path, caplog: pytest.LogCaptureF
     (tmp_path / "kallsyms").write_text(zeroed)
     (tmp_path / "modules").write_text(MODULES.replace("0xffffffffc0000000", "0x0000000000000000"))
     sym = Symbolizer(kallsyms_path=str(tmp_path / "kallsyms"))
-    with caplog.at_level(logging.WARNING, logger="exporter.symbols.kernel"):
+    with caplog.at_level(logging.WARNING, logger="offcpu_exporter.symbols.kernel"):
         for _ in range(3):
             frames = sym.kernel([0xFFFFFFFF81001010])
             assert frames[0].name == "[unknown]"

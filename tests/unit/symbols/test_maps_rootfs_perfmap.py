@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from exporter.symbols.maps import ProcessMaps, parse_maps
-from exporter.symbols.perfmap import PerfMap
-from exporter.symbols.rootfs import resolve_in_root
+from offcpu_exporter.symbols.maps import ProcessMaps, parse_maps
+from offcpu_exporter.symbols.perfmap import PerfMap
+from offcpu_exporter.symbols.rootfs import resolve_in_root
 
 MAPS = """\
 55d0c0a00000-55d0c0a01000 r--p 00000000 fd:01 1234  /usr/bin/prog

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.symbols import Symbolizer
+from offcpu_exporter.symbols import Symbolizer
 from tests.unit.symbols.fakeproc import FakeProc
 
 PID = 4242

@@ -16,11 +16,11 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from exporter.web import Request, Response, Routes
-from exporter.web import auth as auth_module
-from exporter.web.auth import BasicAuth
-from exporter.web.config import WebConfigError, load_web_config
-from exporter.web.server import WebOptions, WebServer, accepts_gzip
+from offcpu_exporter.web import Request, Response, Routes
+from offcpu_exporter.web import auth as auth_module
+from offcpu_exporter.web.auth import BasicAuth
+from offcpu_exporter.web.config import WebConfigError, load_web_config
+from offcpu_exporter.web.server import WebOptions, WebServer, accepts_gzip
 from tests.support.tls import openssl, self_signed
 
 METRICS = b"".join(b'offcpu_seconds_total{pid="%d"} %d\n' % (i, i) for i in range(2000))

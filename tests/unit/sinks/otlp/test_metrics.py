@@ -7,11 +7,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import __version__
-from exporter.sinks.otlp.metrics import OffcpuMetrics
-from exporter.sinks.prometheus.collector import OffCPUCollector
-from exporter.sinks.prometheus.selection import Selection
-from exporter.snapshot import Counter, Frame, FrameKind, ProcessInfo, ProcessKey, Reason, Snapshot, Stack
+from offcpu_exporter import __version__
+from offcpu_exporter.sinks.otlp.metrics import OffcpuMetrics
+from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
+from offcpu_exporter.sinks.prometheus.selection import Selection
+from offcpu_exporter.snapshot import Counter, Frame, FrameKind, ProcessInfo, ProcessKey, Reason, Snapshot, Stack
 from tests.support.otlp_metrics import points, resource_of
 from tests.support.otlp_receivers import GrpcReceiver, HttpReceiver
 from tests.support.otlp_sink import sink_from_args
@@ -165,7 +165,7 @@ def test_metrics_carry_the_snapshot_totals(protocol: str, monkeypatch: pytest.Mo
 
 
 def test_env_service_name_wins(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporter.sinks.otlp.metrics import exporter_resource
+    from offcpu_exporter.sinks.otlp.metrics import exporter_resource
 
     monkeypatch.setenv("OTEL_SERVICE_NAME", "offcpu-node-a")
     assert exporter_resource("h").attributes["service.name"] == "offcpu-node-a"

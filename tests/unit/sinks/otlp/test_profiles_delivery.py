@@ -171,7 +171,7 @@ def test_publish_never_blocks() -> None:
 
 
 def test_idle_snapshots_send_nothing(receiver: GrpcReceiver | HttpReceiver) -> None:
-    from exporter.snapshot import Counter, Reason
+    from offcpu_exporter.snapshot import Counter, Reason
     from tests.support.snapshots import APP, STACK_SLEEP, snapshot_of
 
     sink = sink_from_args(_args(receiver))

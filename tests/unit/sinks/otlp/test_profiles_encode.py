@@ -10,14 +10,14 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
     ExportProfilesServiceRequest,
 )
 
-from exporter import __version__
-from exporter.sinks.otlp.profiles_encode import (
+from offcpu_exporter import __version__
+from offcpu_exporter.sinks.otlp.profiles_encode import (
     EncodeOptions,
     encode_profiles,
     encode_profiles_split,
     jit_runtime,
 )
-from exporter.snapshot import Counter, Reason
+from offcpu_exporter.snapshot import Counter, Reason
 from tests.support.otlp_profiles import check_request, decode
 from tests.support.snapshots import (
     APP,
@@ -244,7 +244,7 @@ def test_golden() -> None:
 
 
 def test_unresolved_frame_in_a_known_file_keeps_mapping_and_address() -> None:
-    from exporter.snapshot import Frame, FrameKind, Stack
+    from offcpu_exporter.snapshot import Frame, FrameKind, Stack
 
     unresolved = Frame("[unknown] libfoo.so+0x1a2b", FrameKind.PLACEHOLDER, "/opt/lib/libfoo.so", 0x1A2B, "beef" * 10)
     stack = Stack(user=(unresolved,), kernel=STACK_LOCK.kernel)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from exporter.sinks.skywalking.encode import (
+from offcpu_exporter.sinks.skywalking.encode import (
     INT32_MAX,
     TaskMetadata,
     encode_samples,
@@ -18,8 +18,8 @@ from exporter.sinks.skywalking.encode import (
     split_counter,
     with_task,
 )
-from exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
-from exporter.snapshot import Counter, Reason, Stack
+from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.snapshot import Counter, Reason, Stack
 from tests.support.snapshots import (
     EMPTY,
     KERNEL_ONLY,

@@ -10,13 +10,13 @@ import pytest
 from google.protobuf.internal.decoder import _DecodeVarint32
 from google.protobuf.internal.encoder import _VarintBytes
 
-from exporter.sinks import SinkContext
-from exporter.sinks.skywalking import add_arguments, add_dump_arguments, create, dump_main
-from exporter.sinks.skywalking.delimited import CorruptFile, encode_varint, frame, read_messages
-from exporter.sinks.skywalking.dump import dump
-from exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
-from exporter.snapshot import Snapshot
-from exporter.web import Routes
+from offcpu_exporter.sinks import SinkContext
+from offcpu_exporter.sinks.skywalking import add_arguments, add_dump_arguments, create, dump_main
+from offcpu_exporter.sinks.skywalking.delimited import CorruptFile, encode_varint, frame, read_messages
+from offcpu_exporter.sinks.skywalking.dump import dump
+from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.snapshot import Snapshot
+from offcpu_exporter.web import Routes
 from tests.support.snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
 
 APP = process(4242, "app")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from exporter.sinks.skywalking.proto import generate
-from exporter.sinks.skywalking.proto.common import Command_pb2, Common_pb2
-from exporter.sinks.skywalking.proto.ebpf.profiling import Process_pb2, Process_pb2_grpc, Profile_pb2
+from offcpu_exporter.sinks.skywalking.proto import generate
+from offcpu_exporter.sinks.skywalking.proto.common import Command_pb2, Common_pb2
+from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Process_pb2, Process_pb2_grpc, Profile_pb2
 
 T = FieldDescriptor
 # (message, field, number, type, repeated, message type or enum or oneof) from the protocol facts.

@@ -1,0 +1,3 @@
+from offcpu_exporter.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,412 @@
+"""offcpu-exporter: parses flags, wires the stages, runs. No logic of its own beyond that."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import BinaryIO
+
+from offcpu_exporter import __version__
+from offcpu_exporter.config import (
+    ConfigError,
+    apply_config_file,
+    config_path,
+    parse_duration,
+    parse_regex,
+    positive_float,
+    positive_int,
+)
+from offcpu_exporter.k8s import selection as k8s_selection
+from offcpu_exporter.logfmt import configure_logging
+
+__all__ = ["main"]
+
+log = logging.getLogger("offcpu_exporter")
+
+# Output modules plugged into `serve` (see offcpu_exporter/sinks/__init__.py).
+SINK_MODULES: tuple[str, ...] = (
+    "offcpu_exporter.sinks.prometheus",
+    "offcpu_exporter.sinks.otlp",
+    "offcpu_exporter.sinks.skywalking",
+    "offcpu_exporter.sinks.pprof",
+)
+
+
+EXAMPLES = """\
+examples:
+  offcpu-exporter serve --all                       every process; /metrics on :9961
+  offcpu-exporter serve --comm '^(nginx|postgres)$' --flush-interval 10
+  offcpu-exporter serve --config /etc/offcpu-exporter.yml
+  offcpu-exporter record --pid 1234 --duration 30 --format folded -o out.folded
+  offcpu-exporter record --comm myapp --duration 10 --format text
+  offcpu-exporter record --pid 1234 --duration 60 --format html -o offcpu.html
+  offcpu-exporter record --pid 1234 --duration 30 --format pprof -o offcpu.pb.gz
+  offcpu-exporter doctor                            what this kernel supports
+"""
+
+
+class StartupError(Exception):
+    """Bad input found while wiring: one line on stderr, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """One-line errors and exit status 2, as the rest of the start-up checks."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"offcpu-exporter: error: {message}\n")
+
+
+def _sink_modules() -> list[ModuleType]:
+    return [importlib.import_module(name) for name in SINK_MODULES]
+
+
+def _add_targets(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("targets (which processes to watch)")
+    g.add_argument("--pid", type=positive_int, action="append", default=[], metavar="PID",
+                   help="a process id (repeatable)")
+    g.add_argument("--comm", type=parse_regex, metavar="REGEX", help="processes whose name (comm) matches")
+    g.add_argument("--cmdline", type=parse_regex, metavar="REGEX", help="processes whose command line matches")
+    g.add_argument("--all", action="store_true", help="every process but the exporter itself and the idle task")
+    g.add_argument("--follow-children", action="store_true",
+                   help="also watch processes forked by watched ones, from their first instruction")
+    g.add_argument("--targets-interval", type=positive_float, default=1.0, metavar="SECONDS",
+                   help="how often /proc is scanned for new and exited processes (default 1)")
+
+
+def _add_probe(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("probe")
+    g.add_argument("--attach", choices=("auto", "kprobe", "tracepoint"),
+                   default=os.environ.get("OFFCPU_ATTACH", "auto"),
+                   help="kprobe on finish_task_switch, the sched:sched_switch tracepoint, or auto (default)")
+    g.add_argument("--per-thread", action="store_true", help="keep threads apart instead of summing per process")
+    g.add_argument("--min-block", type=parse_duration, default=0, metavar="DURATION",
+                   help="ignore blocks shorter than this (e.g. 100us; bare numbers are microseconds)")
+    g.add_argument("--max-block", type=parse_duration, default=(1 << 64) - 1, metavar="DURATION",
+                   help="ignore blocks longer than this")
+    g.add_argument("--stack-storage-size", type=positive_int, default=16384, metavar="N",
+                   help="distinct stacks the kernel can hold (default 16384; ~1 KiB each), plus a quarter as many "
+                        "for stacks that collide in its hash buckets")
+    g.add_argument("--max-counters", type=positive_int, default=65536, metavar="N",
+                   help="distinct (process, thread, stack, reason) counters in the kernel (default 65536)")
+    g.add_argument("--max-threads", type=positive_int, default=65536, metavar="N",
+                   help="threads that can be switched out at once (default 65536)")
+
+
+def _add_aggregate(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("aggregation")
+    g.add_argument("--flush-interval", type=positive_float, default=5.0, metavar="SECONDS",
+                   help="how often the kernel counters are read (default 5, as SkyWalking Rover)")
+    g.add_argument("--exited-grace", type=positive_float, default=60.0, metavar="SECONDS",
+                   help="how long an exited process stays in the outputs (default 60)")
+    g.add_argument("--history", type=positive_float, default=900.0, metavar="SECONDS",
+                   help="snapshots kept in memory for /flamegraph (default 900)")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML file of options (long names without dashes)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+
+
+def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentParser:
+    parser = _Parser(prog="offcpu-exporter", description="Where threads wait: off-CPU time per stack.",
+                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"offcpu-exporter {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    serve = sub.add_parser("serve", help="run until SIGTERM, serving /metrics and pushing to the outputs",
+                           epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for add in (_add_common, _add_targets, k8s_selection.add_arguments, _add_probe, _add_aggregate):
+        add(serve)
+    serve.add_argument("--drop-privileges", action="store_true",
+                       help="once the probe is attached, keep only the capabilities still needed "
+                       "(see SECURITY.md) and set no_new_privs")
+    from offcpu_exporter.web import server as web_server
+
+    web_server.add_arguments(serve)
+    for module in sink_modules:
+        module.add_arguments(serve)
+
+    record = sub.add_parser("record", help="profile for a while and write one profile file",
+                            epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for add in (_add_common, _add_targets, k8s_selection.add_arguments, _add_probe):
+        add(record)
+    record.add_argument("--duration", type=positive_float, default=10.0, metavar="SECONDS")
+    from offcpu_exporter.formats import FORMATS
+
+    record.add_argument("--format", choices=FORMATS, default="folded",
+                        help="pprof (gzip, for go tool pprof), folded (flamegraph.pl), html (an interactive "
+                        "flame graph in one self-contained file) or text (like bcc's offcputime); default folded")
+    record.add_argument("-o", "--output", default="-", metavar="FILE", help="default: standard output")
+
+    doctor = sub.add_parser("doctor", help="what this kernel supports, and what to do about what it lacks")
+    doctor.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
+    doctor.add_argument("--attach", choices=("auto", "kprobe", "tracepoint"),
+                        default=os.environ.get("OFFCPU_ATTACH", "auto"))
+    doctor.add_argument("--load", action="store_true", help="also compile and attach the probe, then detach")
+
+    for module in sink_modules:
+        extra = getattr(module, "add_subcommands", None)
+        if extra is not None:
+            extra(sub)
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    modules = _sink_modules()
+    parser = build_parser(modules)
+    path = config_path(argv)
+    if path is not None:
+        try:
+            # The config file fills defaults of the subcommand it is given to.
+            command = next((a for a in argv if not a.startswith("-")), None)
+            sub = _subparser(parser, command)
+            apply_config_file(sub, path)
+        except ConfigError as e:
+            parser.error(str(e))
+    options = parser.parse_args(argv)
+    options._sink_modules = modules
+    if options.command == "serve":
+        from offcpu_exporter.web.config import WebConfigError
+        from offcpu_exporter.web.server import parse_listen_address
+
+        try:
+            parse_listen_address(options.web_listen_address)  # before the probe is loaded
+        except WebConfigError as e:
+            parser.error(str(e))
+    if options.command in ("serve", "record"):
+        if options.min_block > options.max_block:
+            parser.error("--min-block is larger than --max-block")
+        if options.all and (options.pid or options.comm or options.cmdline):
+            parser.error("--all watches everything: do not combine it with --pid/--comm/--cmdline")
+        if options.all and _extra_selectors(options):
+            parser.error("--all watches everything: do not combine it with --namespace/--pod-label/--container")
+        has_target = options.all or options.pid or options.comm or options.cmdline
+        if not has_target and not _extra_selectors(options):
+            if options.command == "record":
+                parser.error("say what to record: --pid, --comm, --cmdline or --all")
+            options.all = True  # serve's default: every process
+    return options
+
+
+def _extra_selectors(options: argparse.Namespace) -> bool:
+    return bool(getattr(options, "namespace", None) or getattr(options, "pod_label", None)
+                or getattr(options, "container", None))
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]  # type: ignore[no-any-return]
+    raise ConfigError("--config goes after a subcommand (serve or record)")
+
+
+# -- wiring ---------------------------------------------------------------------------------
+
+
+def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from offcpu_exporter.aggregate import AggregateConfig, Aggregator
+    from offcpu_exporter.pipeline import Pipeline
+    from offcpu_exporter.probe.loader import Probe, ProbeConfig
+    from offcpu_exporter.symbols import Symbolizer
+    from offcpu_exporter.targets import ProcessTable, TargetRules
+
+    own = os.getpid()
+    enrich, predicate = _kubernetes(options)
+    probe = Probe(ProbeConfig(
+        attach=options.attach,
+        per_thread=options.per_thread,
+        watch_all=options.all,
+        follow_children=options.follow_children,
+        min_block_ns=options.min_block,
+        max_block_ns=options.max_block,
+        max_counts=options.max_counters,
+        max_threads=options.max_threads,
+        stack_storage=options.stack_storage_size,
+    ))
+    rules = TargetRules(pids=tuple(options.pid), comm=options.comm, cmdline=options.cmdline,
+                        watch_all=options.all, follow_children=options.follow_children, predicate=predicate)
+    processes = ProcessTable(rules, exclude=(own,), enrich=enrich)
+    problems = processes.start()
+    if problems and len(problems) == len(rules.pids) and not (rules.scans or rules.watch_all):
+        raise StartupError("; ".join(problems))
+    for problem in problems:
+        log.error("%s; watching the other targets", problem)
+    aggregator = Aggregator(probe, Symbolizer(), processes, AggregateConfig(
+        exited_grace_seconds=getattr(options, "exited_grace", 60.0)))
+    pipeline = Pipeline(probe, aggregator, processes, flush_interval=getattr(options, "flush_interval", 5.0),
+                        targets_interval=options.targets_interval,
+                        history_seconds=getattr(options, "history", 900.0), exclude=(own,))
+    return probe, pipeline
+
+
+def _kubernetes(options: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Pod metadata (started in the background) and the --namespace/--pod-label/--container predicate."""
+    from offcpu_exporter.k8s import PodMetadata, WorkloadSelector
+    from offcpu_exporter.targets import kubernetes_enricher, kubernetes_predicate
+
+    if options.kubernetes_metadata == "off":
+        metadata = PodMetadata.disabled()
+    else:
+        metadata = PodMetadata.from_environment(service_account_dir=options.kubernetes_service_account_dir,
+                                                refresh_seconds=options.kubernetes_refresh_interval)
+    selector = WorkloadSelector.from_options(options, metadata)
+    if selector.needs_api and not metadata.enabled:
+        raise StartupError("--namespace, --pod-label and --container NAME need the Kubernetes API (a pod with "
+                           "a service account; see the log); --container also takes a container id")
+    metadata.start()
+    # The first list, so that the processes found at start get their names (bounded: the API may be down).
+    metadata.wait_ready(5.0)
+    return kubernetes_enricher(metadata), kubernetes_predicate(selector)
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: object) -> None:
+        log.info("received %s, flushing and stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+def cmd_serve(options: argparse.Namespace) -> int:
+    from offcpu_exporter.probe.loader import ProbeError
+    from offcpu_exporter.sinks import SinkContext
+    from offcpu_exporter.web import Routes
+    from offcpu_exporter.web.server import WebServer
+
+    stop = _stop_on_signals()
+    probe, pipeline = build_pipeline(options)
+    try:
+        probe.start()
+    except ProbeError as e:
+        log.error("%s", e)
+        return 1
+    if options.drop_privileges:
+        # Before any other thread starts: capset(2) changes only the calling thread.
+        error = _drop_privileges(options)
+        if error:
+            log.error("%s", error)
+            probe.close()
+            return 1
+    routes = Routes()
+    context = SinkContext(latest=pipeline.latest, flush_now=pipeline.flush_now, routes=routes,
+                          history=pipeline.history)
+    try:
+        for module in options._sink_modules:
+            sink = module.create(options, context)
+            if sink is not None:
+                context.sinks.append(sink)
+    except (ValueError, OSError) as e:
+        log.error("%s", e)
+        probe.close()
+        return 2
+    pipeline.sinks = context.sinks
+    try:
+        server = WebServer(routes, options, ready=lambda: probe.attached)
+        server.start()
+    except (OSError, ValueError) as e:
+        log.error("cannot serve HTTP: %s", e)
+        probe.close()
+        return 2
+    pipeline.start()
+    log.info("offcpu-exporter %s serving; targets: %s", __version__, pipeline.processes.rules.describe())
+    stop.wait()
+    pipeline.stop()
+    server.stop()
+    probe.close()
+    return 0
+
+
+def _drop_privileges(options: argparse.Namespace) -> str | None:
+    from offcpu_exporter.privileges import PrivilegeError, drop_capabilities, kept_after_attach
+    from offcpu_exporter.web.config import WebConfigError
+    from offcpu_exporter.web.server import parse_listen_address
+
+    try:
+        _, port = parse_listen_address(options.web_listen_address)
+    except WebConfigError:
+        port = None
+    kept = kept_after_attach(port)
+    for k in kept:
+        log.debug("keeping %s: %s", k.name, k.why)
+    try:
+        drop_capabilities(k.capability for k in kept)
+    except PrivilegeError as e:
+        return f"--drop-privileges: {e}"
+    return None
+
+
+def cmd_record(options: argparse.Namespace) -> int:
+    # Fail before recording, not after, when the output cannot be written.
+    try:
+        output = sys.stdout.buffer if options.output == "-" else open(options.output, "wb")  # noqa: SIM115
+    except OSError as e:
+        raise StartupError(f"cannot write {options.output}: {e.strerror}") from None
+    try:
+        return _record(options, output)
+    finally:
+        if output is not sys.stdout.buffer:
+            output.close()
+
+
+def _record(options: argparse.Namespace, output: BinaryIO) -> int:
+    from offcpu_exporter.probe.loader import ProbeError
+    from offcpu_exporter.record import Progress, RecordSink, write_profile
+
+    stop = _stop_on_signals()
+    # Every second: the progress line shows fresh counts, and stacks are symbolized while their
+    # processes live (a process that exits before its first flush leaves only addresses).
+    options.flush_interval = min(1.0, options.duration)
+    probe, pipeline = build_pipeline(options)
+    try:
+        probe.start()
+    except ProbeError as e:
+        log.error("%s", e)
+        return 1
+    recorder = RecordSink()
+    pipeline.sinks = [recorder]
+    pipeline.start()
+    started = time.monotonic()
+    progress = Progress(options.duration, recorder.seen)
+    progress.update()
+    while not stop.wait(min(1.0, max(0.0, options.duration - (time.monotonic() - started)))):
+        if time.monotonic() - started >= options.duration:
+            break
+        progress.update()
+    pipeline.stop()  # flushes once more: the recorder gets everything counted until now
+    probe.close()
+    progress.finish()
+    write_profile(options.format, recorder.profile(f"record {options.duration:g} s"), output)
+    return 0
+
+
+def cmd_doctor(options: argparse.Namespace) -> int:
+    from offcpu_exporter.doctor import run_doctor
+
+    return run_doctor(attach=options.attach, load=options.load)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    options = parse_args(args)
+    configure_logging(options.log_level)
+    commands = {"serve": cmd_serve, "record": cmd_record, "doctor": cmd_doctor}
+    handler = commands.get(options.command) or getattr(options, "handler", None)
+    if handler is None:
+        return 2
+    try:
+        return int(handler(options) or 0)
+    except StartupError as e:
+        sys.stderr.write(f"offcpu-exporter: error: {e}\n")
+        return 2

@@ -1,0 +1,200 @@
+"""The loop that owns the probe: keeps targets current, flushes on a timer or on request, and hands
+each snapshot to every sink. Exactly one thread drains the kernel maps."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from offcpu_exporter.aggregate import Aggregator
+from offcpu_exporter.probe import layout
+from offcpu_exporter.probe.loader import Probe
+from offcpu_exporter.ratelimit import RateLimitedLog
+from offcpu_exporter.sinks import Sink
+from offcpu_exporter.snapshot import ProcessKey, Snapshot
+from offcpu_exporter.targets import ProcessTable
+
+__all__ = ["Pipeline"]
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    def __init__(self, probe: Probe, aggregator: Aggregator, processes: ProcessTable, *,
+                 flush_interval: float = 5.0, targets_interval: float = 1.0,
+                 history_seconds: float = 900.0, exclude: Sequence[int] = ()) -> None:
+        self.probe = probe
+        self.aggregator = aggregator
+        self.processes = processes
+        self.flush_interval = flush_interval
+        self.targets_interval = targets_interval
+        self.sinks: list[Sink] = []
+        self._exclude = tuple(exclude)
+        self._history: collections.deque[Snapshot] = collections.deque()
+        self._history_seconds = history_seconds
+        self._latest = aggregator.latest
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._flushed = threading.Condition(self._lock)
+        self._flush_requests = 0
+        self._flushes_started = 0
+        self._flushes_done = 0
+        self._thread: threading.Thread | None = None
+        self._sink_errors = RateLimitedLog(log, interval=60)
+        self._prepared: dict[int, ProcessKey] = {}  # pid -> the process whose maps were read
+
+    # -- what sinks and handlers call (any thread) ----------------------------------------
+
+    def latest(self) -> Snapshot:
+        with self._lock:
+            return self._latest
+
+    def history(self, seconds: float) -> list[Snapshot]:
+        cutoff = time.time_ns() - int(seconds * 1e9)
+        with self._lock:
+            return [s for s in self._history if s.time_ns >= cutoff]
+
+    def flush_now(self, timeout: float = 10.0) -> Snapshot:
+        """Ask the loop for a flush and wait for its snapshot: one that *started* after this call,
+        so it holds everything the kernel counted before it (a flush already under way may have
+        read the maps earlier)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            wanted = self._flushes_started + 1
+            self._flush_requests += 1
+            self._wake.set()
+            while self._flushes_done < wanted:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    break
+                self._flushed.wait(left)
+            return self._latest
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def sync_targets(self) -> None:
+        """Make the kernel filter map match the process table."""
+        added, _ = self.processes.refresh()
+        if added:
+            log.info("watching %d new process(es): %s", len(added),
+                     ", ".join(f"{p.comm}[{p.pid}]" for p in added[:10]))
+        for info in self.processes.take_execs():
+            # Stacks counted in the moment between the exec and this scan may be named from the new
+            # program's maps; from here on they all are.
+            log.info("%s[%d] exec'd %s: reading its maps again", info.comm, info.pid, info.exe)
+            self.aggregator.forget_program(info.pid)
+            self._prepared.pop(info.pid, None)
+        self._sync_kernel_filter()
+        # After the filter, so that the kernel counts while a big binary's symbols load: read each
+        # new target's mappings while it is alive, since it may exit before its first flush.
+        for pid in self.processes.watched_pids():
+            current = self.processes.info(pid)
+            prepared = self._prepared.get(pid)
+            if current is None or prepared == current.key:
+                continue
+            if prepared is not None:
+                # The pid was reused: what was read for the process that held it before (its maps,
+                # kept after its exit to name its last stacks) is not this one's, as after an exec.
+                self.aggregator.forget_program(pid)
+            self.aggregator.symbolizer.prepare(pid)
+            self._prepared[pid] = current.key
+        for pid in [pid for pid in self._prepared if self.processes.latest(pid) is None]:
+            del self._prepared[pid]  # expired: the aggregator has dropped what named it
+
+    def _sync_kernel_filter(self) -> None:
+        kernel = self.probe.kernel_targets()
+        if self.probe.config.watch_all:
+            for pid in self._exclude:
+                if kernel.get(pid) != layout.TARGET_EXCLUDE:
+                    self.probe.set_target(pid, layout.TARGET_EXCLUDE)
+            return
+        wanted = self.processes.watched_pids()
+        for pid in wanted - kernel.keys():
+            log.debug("adding target %d to the kernel filter", pid)
+            self.probe.set_target(pid, layout.TARGET_WATCH)
+        children = self.probe.children() if self.probe.config.follow_children else {}
+        for pid in kernel.keys() - wanted:
+            if pid in children:
+                # Added by the kernel at fork: adopt it while it lives.
+                parent, boot_ns, comm = children[pid]
+                if not self.processes.adopt(pid, parent=parent, comm=comm, boot_ns=boot_ns).exited:
+                    continue
+            log.debug("removing target %d from the kernel filter", pid)
+            self.probe.remove_target(pid)
+
+    def flush(self) -> Snapshot:
+        with self._lock:
+            self._flushes_started += 1
+            number = self._flushes_started
+        snapshot = self.aggregator.flush()
+        with self._lock:
+            self._flushes_done = number
+            self._latest = snapshot
+            self._history.append(snapshot)
+            cutoff = snapshot.time_ns - int(self._history_seconds * 1e9)
+            while self._history and self._history[0].time_ns < cutoff:
+                self._history.popleft()
+            self._flushed.notify_all()
+        for sink in self.sinks:
+            try:
+                sink.publish(snapshot)
+            except Exception:
+                # A broken sink must not stop the probe or the other sinks.
+                sink.stats.add("failed")
+                self._sink_errors.exception("sink %s failed to take a snapshot", sink.name)
+        return snapshot
+
+    def run(self) -> None:
+        """Run until stop(): targets every targets_interval, a flush every flush_interval."""
+        next_flush = time.monotonic() + self.flush_interval
+        next_targets = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_targets:
+                try:
+                    self.sync_targets()
+                except Exception:
+                    log.exception("refreshing targets failed")
+                next_targets = now + self.targets_interval
+            with self._lock:
+                requested = self._flush_requests
+                self._flush_requests = 0
+            if requested or now >= next_flush:
+                try:
+                    self.flush()
+                except Exception:
+                    log.exception("flush failed")
+                next_flush = time.monotonic() + self.flush_interval
+            self._wake.wait(max(0.0, min(next_flush, next_targets) - time.monotonic()))
+            self._wake.clear()
+        # Once more on the way out: nothing counted before the signal is left in the kernel.
+        try:
+            self.sync_targets()
+            self.flush()
+        except Exception:
+            log.exception("final flush failed")
+
+    def start(self) -> None:
+        with self._lock:
+            if self._latest.sequence == 0:
+                self._latest = self.aggregator.before_first_flush()
+        self._thread = threading.Thread(target=self.run, name="offcpu-pipeline", daemon=True)
+        self._thread.start()
+
+    def stop(self, sink_timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            self._flushed.notify_all()
+        deadline = time.monotonic() + sink_timeout
+        for sink in self.sinks:
+            try:
+                sink.close(max(0.1, deadline - time.monotonic()))
+            except Exception:
+                log.exception("closing sink %s failed", sink.name)

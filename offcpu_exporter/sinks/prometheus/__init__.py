@@ -1,0 +1,115 @@
+"""The Prometheus sink: `/metrics` on the exporter's web server, always on.
+
+It never copies data on publish: each scrape reads the latest snapshot through the collector.
+Metric names and labels are listed in docs/prometheus.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Hashable
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
+from offcpu_exporter.sinks import SinkContext, SinkStats
+from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
+from offcpu_exporter.sinks.prometheus.exposition import ExpositionCache
+from offcpu_exporter.sinks.prometheus.selection import Selection
+from offcpu_exporter.snapshot import Snapshot
+from offcpu_exporter.web import Request, Response
+from offcpu_exporter.web.server import accepts_gzip
+
+__all__ = ["PrometheusSink", "add_arguments", "create"]
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Prometheus (/metrics)")
+    g.add_argument(
+        "--prometheus.top-stacks",
+        dest="prometheus_top_stacks",
+        type=int,
+        default=10,
+        metavar="K",
+        help="stacks per process with their own series, by off-CPU time; the rest are summed "
+        'in stack_id="other" (default %(default)s)',
+    )
+    g.add_argument(
+        "--prometheus.max-processes",
+        dest="prometheus_max_processes",
+        type=int,
+        default=200,
+        metavar="N",
+        help='processes with their own series; the rest are summed in pid="other" (0: no limit; default %(default)s)',
+    )
+    g.add_argument(
+        "--prometheus.stack-label",
+        dest="prometheus_stack_label",
+        action="store_true",
+        help="add the whole folded stack as label `stack` to the per-stack series "
+        "(long label values: mind Prometheus' memory)",
+    )
+
+
+class PrometheusSink:
+    name = "prometheus"
+
+    def __init__(
+        self,
+        context: SinkContext,
+        top_stacks: int = 10,
+        max_processes: int = 200,
+        stack_label: bool = False,
+        bcc: str | None = None,
+    ) -> None:
+        if top_stacks < 0 or max_processes < 0:
+            raise ValueError("--prometheus.top-stacks and --prometheus.max-processes must not be negative")
+        self.stats = SinkStats()
+        self._context = context
+        self.selection = Selection(max_processes=max_processes, top_stacks=top_stacks)
+        self.registry = CollectorRegistry()
+        self.collector = OffCPUCollector(
+            context.latest, lambda: list(context.sinks), self.selection, stack_label=stack_label, bcc=bcc
+        )
+        self.registry.register(self.collector)
+        # The exporter's own process: CPU, memory, open fds, Python GC (as every client library exports).
+        self.process_registry = CollectorRegistry()
+        ProcessCollector(registry=self.process_registry)
+        PlatformCollector(registry=self.process_registry)
+        GCCollector(registry=self.process_registry)
+        self.cache = ExpositionCache(self.registry, self.process_registry, self._state)
+        context.routes.add("/metrics", self.handle)
+
+    def _state(self) -> Hashable:
+        stats = tuple(
+            sorted((s.name, tuple(sorted(s.stats.values().items()))) for s in self._context.sinks if s is not self)
+        )
+        return self._context.latest().sequence, stats
+
+    def handle(self, request: Request) -> Response:
+        try:
+            body, content_type, gzipped = self.cache.get(
+                request.headers.get("accept", ""), accepts_gzip(request.headers.get("accept-encoding", ""))
+            )
+        except Exception:
+            self.stats.add("failed")
+            raise
+        self.stats.add("sent")
+        return Response(200, body, content_type, {"Content-Encoding": "gzip"} if gzipped else {})
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Nothing to do: scrapes read the latest snapshot."""
+
+    def close(self, timeout: float) -> None:
+        """Nothing pending: a scrape is answered or not."""
+
+
+def create(options: argparse.Namespace, context: SinkContext) -> PrometheusSink:
+    return PrometheusSink(
+        context,
+        top_stacks=options.prometheus_top_stacks,
+        max_processes=options.prometheus_max_processes,
+        stack_label=options.prometheus_stack_label,
+    )

@@ -1,0 +1,314 @@
+"""Which processes to watch: found in /proc, kept current as processes start and exit.
+
+A process is identified by (pid, start time) so that a PID reused by an unrelated process is never
+taken for the old one. The kernel side removes an exiting group leader from its filter map at
+once (sched_process_exit); this module re-adds nothing that is not a current match.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from offcpu_exporter.k8s.cgroup import ContainerIdentity, identify
+from offcpu_exporter.k8s.metadata import PodMetadata
+from offcpu_exporter.k8s.selection import WorkloadSelector
+from offcpu_exporter.procstat import parse_stat
+from offcpu_exporter.snapshot import ProcessInfo, ProcessKey
+
+__all__ = ["ProcessTable", "TargetRules", "kubernetes_enricher", "kubernetes_predicate", "parse_stat",
+           "read_process"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TargetRules:
+    pids: tuple[int, ...] = ()
+    comm: re.Pattern[str] | None = None
+    cmdline: re.Pattern[str] | None = None
+    watch_all: bool = False
+    follow_children: bool = False
+    # Extra predicate over a process (e.g. Kubernetes namespace/pod/container selection).
+    predicate: Callable[[ProcessInfo], bool] | None = field(default=None, compare=False)
+
+    @property
+    def scans(self) -> bool:
+        """Whether matching needs a /proc scan (rules other than fixed pids)."""
+        return self.comm is not None or self.cmdline is not None or self.predicate is not None
+
+    def describe(self) -> str:
+        parts = [f"pid={p}" for p in self.pids]
+        if self.comm is not None:
+            parts.append(f"comm=~{self.comm.pattern}")
+        if self.cmdline is not None:
+            parts.append(f"cmdline=~{self.cmdline.pattern}")
+        if self.watch_all:
+            parts.append("all")
+        return ", ".join(parts) or "nothing"
+
+
+def read_process(pid: int, proc_root: str = "/proc", *, with_cmdline: bool = False) -> ProcessInfo | None:
+    """The process's identity now, or None if it does not exist (or is not a process but a thread)."""
+    base = f"{proc_root}/{pid}"
+    try:
+        with open(f"{base}/stat", encoding="utf-8", errors="replace") as f:
+            comm, _, start = parse_stat(f.read())
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        exe = os.readlink(f"{base}/exe")
+    except OSError:
+        exe = ""  # kernel threads, or no ptrace access
+    cmdline: tuple[str, ...] = ()
+    if with_cmdline:
+        try:
+            with open(f"{base}/cmdline", "rb") as f:
+                raw = f.read()
+            cmdline = tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+        except OSError:
+            pass
+    return ProcessInfo(key=ProcessKey(pid, start), comm=comm, exe=exe, cmdline=cmdline)
+
+
+def _program(exe: str) -> str:
+    # A running program whose file was deleted or replaced (a package upgrade) reads
+    # "/usr/sbin/nginx (deleted)": the same program, not an exec.
+    return exe.removesuffix(" (deleted)")
+
+
+def _is_thread_group_leader(pid: int, proc_root: str) -> bool:
+    # /proc/TID exists for threads too (hidden from listings); Tgid tells them apart.
+    try:
+        with open(f"{proc_root}/{pid}/status", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1]) == pid
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+@dataclass
+class _Entry:
+    info: ProcessInfo
+    watched: bool  # in the kernel filter (False: known only for attribution, e.g. --all)
+    exited_at: float | None = None
+
+
+class ProcessTable:
+    """The processes the exporter knows: watched targets, and (with --all or followed children)
+    processes first seen in the kernel's counters. Keeps exited ones for a grace period so their
+    last counts are attributed correctly."""
+
+    def __init__(self, rules: TargetRules, *, proc_root: str = "/proc", exclude: Iterable[int] = (),
+                 enrich: Callable[[ProcessInfo], ProcessInfo] | None = None) -> None:
+        self.rules = rules
+        self.proc_root = proc_root
+        self.exclude = frozenset(exclude) | {0}
+        self.enrich = enrich or (lambda info: info)
+        self._by_pid: dict[int, _Entry] = {}  # live processes
+        self._exited: dict[ProcessKey, _Entry] = {}  # exited, kept for the grace period
+        self._last_exited: dict[int, ProcessKey] = {}  # pid -> the most recent exited holder
+        self._pinned: dict[int, ProcessKey | None] = {}  # --pid: the identity asked for
+        self._execs: list[ProcessInfo] = []  # exec'd a new program since take_execs()
+        self.problems: dict[str, int] = {}
+
+    # -- what is watched -------------------------------------------------------------------
+
+    def start(self) -> list[str]:
+        """Resolve --pid targets once at start; returns a message per pid that does not exist."""
+        errors = []
+        for pid in self.rules.pids:
+            info = read_process(pid, self.proc_root, with_cmdline=self._wants_cmdline)
+            if info is None or not _is_thread_group_leader(pid, self.proc_root):
+                errors.append(f"pid {pid} does not exist (or is a thread, not a process)")
+                self._pinned[pid] = None
+                continue
+            self._pinned[pid] = info.key
+            self._by_pid[pid] = _Entry(self.enrich(info), watched=True)
+        return errors
+
+    @property
+    def _wants_cmdline(self) -> bool:
+        return self.rules.cmdline is not None
+
+    def _matches(self, info: ProcessInfo) -> bool:
+        if info.pid in self.exclude:
+            return False
+        pinned = self._pinned.get(info.pid)
+        if pinned is not None and pinned == info.key:
+            return True
+        r = self.rules
+        selected = (
+            (r.comm is not None and r.comm.search(info.comm) is not None)
+            or (r.cmdline is not None and r.cmdline.search(" ".join(info.cmdline)) is not None)
+            or (r.comm is None and r.cmdline is None and r.predicate is not None)
+        )
+        return selected and (r.predicate is None or r.predicate(info))
+
+    def refresh(self, now: float | None = None) -> tuple[list[ProcessInfo], list[ProcessInfo]]:
+        """Re-read /proc: (newly watched, newly exited)."""
+        now = time.monotonic() if now is None else now
+        added: list[ProcessInfo] = []
+        exited: list[ProcessInfo] = []
+        for pid, entry in list(self._by_pid.items()):
+            current = read_process(pid, self.proc_root)
+            if current is None or current.key != entry.info.key:
+                exited.append(self._retire(pid, now))
+                if pid in self._pinned:
+                    log.warning("target pid %d exited", pid)
+            elif _program(current.exe) != _program(entry.info.exe) and current.exe and entry.info.exe:
+                # Same process (pid and start time survive execve), new program: new maps and
+                # names. The rules that matched it are not asked again (as for followed children).
+                cmdline = read_process(pid, self.proc_root, with_cmdline=True) if self._wants_cmdline else None
+                entry.info = replace(
+                    entry.info, comm=current.comm, exe=current.exe, cmdline=cmdline.cmdline if cmdline else ()
+                )
+                self._execs.append(entry.info)
+            elif not entry.info.pod:
+                # Pod names arrive once the pod list has caught up with a new pod, and a process seen
+                # while its runtime was still moving it into the container's cgroup gets its container
+                # (offcpu_exporter/k8s; cheap when nothing changed).
+                entry.info = self.enrich(entry.info)
+        if self.rules.scans:
+            for name in os.listdir(self.proc_root):
+                if not name.isdigit() or int(name) in self._by_pid:
+                    continue
+                info = read_process(int(name), self.proc_root, with_cmdline=self._wants_cmdline)
+                if info is None:
+                    continue
+                info = self.enrich(info)
+                if self._matches(info):
+                    self._by_pid[info.pid] = _Entry(info, watched=True)
+                    added.append(info)
+        return added, exited
+
+    def take_execs(self) -> list[ProcessInfo]:
+        """Live processes that exec'd another program since the last call, as they are now."""
+        execs, self._execs = self._execs, []
+        return execs
+
+    def _retire(self, pid: int, now: float) -> ProcessInfo:
+        entry = self._by_pid.pop(pid)
+        entry.exited_at = now
+        entry.info = replace(entry.info, exited=True)
+        self._exited[entry.info.key] = entry
+        self._last_exited[pid] = entry.info.key
+        return entry.info
+
+    def adopt(self, pid: int, *, parent: int | None = None, comm: str = "", boot_ns: int = 0,
+              now: float | None = None) -> ProcessInfo:
+        """A tgid seen in the kernel counters that is not in the table (--all, followed children):
+        identify it from /proc, or, if it already exited, from what the kernel recorded at fork."""
+        entry = self._by_pid.get(pid)
+        if entry is not None:
+            return entry.info
+        recent = self.latest(pid)
+        if recent is not None:
+            # Counted before it exited; the kernel stopped watching the pid at its exit.
+            return recent
+        now = time.monotonic() if now is None else now
+        info = read_process(pid, self.proc_root, with_cmdline=self._wants_cmdline)
+        if info is None or not _is_thread_group_leader(pid, self.proc_root):
+            ticks = boot_ns * os.sysconf("SC_CLK_TCK") // 1_000_000_000 if boot_ns else 0
+            key = ProcessKey(pid, ticks)
+            if key in self._exited:
+                return self._exited[key].info
+            parent_entry = self._by_pid.get(parent) if parent else None
+            exe = parent_entry.info.exe if parent_entry else ""
+            info = ProcessInfo(key=key, comm=comm or "[exited]", exe=exe, exited=True)
+            self._exited[key] = _Entry(info, watched=False, exited_at=now)
+            self._last_exited[pid] = key
+            return info
+        info = self.enrich(info)
+        # With --all every live process the kernel counted is a target; else only followed children.
+        watched = self.rules.watch_all or (self.rules.follow_children and parent is not None)
+        self._by_pid[pid] = _Entry(info, watched=watched)
+        return info
+
+    def info(self, pid: int) -> ProcessInfo | None:
+        """The live process with this pid."""
+        entry = self._by_pid.get(pid)
+        return entry.info if entry else None
+
+    def latest(self, pid: int) -> ProcessInfo | None:
+        """The live process with this pid, else the last one that held it and exited."""
+        entry = self._by_pid.get(pid)
+        if entry is not None:
+            return entry.info
+        key = self._last_exited.get(pid)
+        old = self._exited.get(key) if key is not None else None
+        return old.info if old else None
+
+    def info_of(self, key: ProcessKey) -> ProcessInfo | None:
+        entry = self._by_pid.get(key.pid)
+        if entry is not None and entry.info.key == key:
+            return entry.info
+        old = self._exited.get(key)
+        return old.info if old else None
+
+    def watched_pids(self) -> set[int]:
+        return {pid for pid, e in self._by_pid.items() if e.watched}
+
+    def live(self) -> list[ProcessInfo]:
+        return [e.info for e in self._by_pid.values()]
+
+    def expire(self, grace_seconds: float, now: float | None = None) -> list[ProcessInfo]:
+        """Forget processes that exited more than `grace_seconds` ago; returns them."""
+        now = time.monotonic() if now is None else now
+        gone = [e for e in self._exited.values() if e.exited_at is not None and now - e.exited_at >= grace_seconds]
+        for entry in gone:
+            del self._exited[entry.info.key]
+            if self._last_exited.get(entry.info.pid) == entry.info.key:
+                del self._last_exited[entry.info.pid]
+        return [e.info for e in gone]
+
+    def __len__(self) -> int:
+        return len(self.watched_pids())
+
+
+# -- Kubernetes identity (offcpu_exporter/k8s): fills ProcessInfo's container and pod fields ---------------
+
+
+# A container runtime forks the container's first process and moves it into the container's cgroup
+# a few milliseconds later (runc: `runc init` waits until its parent has applied the cgroup): a process
+# younger than this that is not in a container yet is looked at again.
+SETTLE_SECONDS = 5.0
+
+
+def kubernetes_enricher(metadata: PodMetadata, proc_root: str = "/proc", cache_size: int = 65536,
+                        since_boot: Callable[[], float] | None = None) -> Callable[[ProcessInfo], ProcessInfo]:
+    """ProcessTable's `enrich`: container id and pod UID from /proc/PID/cgroup (read once per process
+    identity, since every scan passes every unmatched process through here), names from the API."""
+    identities: dict[ProcessKey, ContainerIdentity] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    boot_clock = since_boot or (lambda: time.clock_gettime(time.CLOCK_BOOTTIME))
+
+    def enrich(info: ProcessInfo) -> ProcessInfo:
+        identity = identities.get(info.key)
+        if identity is None:
+            identity = identify(info.pid, proc_root)
+            settled = identity or boot_clock() - info.key.start_ticks / ticks >= SETTLE_SECONDS
+            if settled:
+                if len(identities) >= cache_size:
+                    identities.clear()
+                identities[info.key] = identity
+        if not identity:
+            return info
+        names = metadata.lookup(identity.container_id, identity.pod_uid)
+        return replace(info, container_id=identity.container_id, pod_uid=identity.pod_uid,
+                       namespace=names.namespace, pod=names.pod, container=names.container)
+
+    return enrich
+
+
+def kubernetes_predicate(selector: WorkloadSelector) -> Callable[[ProcessInfo], bool] | None:
+    """TargetRules' `predicate` for --namespace/--pod-label/--container (None when none was given)."""
+    if not selector.active:
+        return None
+    return lambda info: selector.matches(ContainerIdentity(info.container_id, info.pod_uid))
