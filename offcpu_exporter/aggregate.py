@@ -1,14 +1,21 @@
-"""Turns the kernel's cumulative per-key counters into snapshots.
+"""Turns the kernel's cumulative counters into snapshots.
 
-The reference semantics: the kernel keeps cumulative (count, ns) per key; each flush computes the
-increase against the value read at the previous flush, skips zero increases, and adds the increase
-to user-space totals. Unlike the reference, totals are keyed by the *symbolized* stack (kernel stack
-ids are ephemeral), values are never truncated, lost stacks are kept as placeholder frames, and the
-kernel maps are drained so they never fill silently:
+The reference semantics: the kernel keeps cumulative counters per key; each flush computes the
+increase against the value read at the previous flush and adds it to user-space totals. Unlike the
+reference, totals are keyed by the *symbolized* stack (kernel stack ids are ephemeral), values are
+never truncated, lost stacks are kept as placeholder frames, and the kernel maps are drained so they
+never fill silently:
 - a key unchanged for `age_after` flushes is deleted with lookup-and-delete (its last value is
   accounted), and so are all unchanged keys once the map passes its high-water mark;
 - a kernel entry that reads lower than before was deleted and re-created: its value is the increase;
-- stack ids no longer referenced by any counter or pending switch-out are freed from the stack map.
+- stacks no longer referenced by any counter or block in progress are freed from the stack map.
+
+Exact and sampled figures. Every block adds to its key's exact (count, ns); a block whose stacks
+were captured (all of them, or a bounded sample: see bpf/offcpu.bpf.c) also adds its weight (1 /
+the probability of its capture) times its figures to the weighted pair. Per thread (or process)
+and reason, each flush splits the exact increase over the stacks in proportion to their weighted
+increases (a ratio estimate: unbiased as the sample grows, and the stacks always sum to the exact
+total); what no captured stack carries is shown as `[stack not sampled]`.
 """
 
 from __future__ import annotations
@@ -17,14 +24,16 @@ import errno
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol
 
+from offcpu_exporter.in_progress import Credit, InProgress
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import Probe, RawKey
+from offcpu_exporter.probe.loader import CounterKey, CounterValue, Probe, StartEntry, ktime_ns
 from offcpu_exporter.snapshot import (
     ZERO,
+    Blocked,
     Counter,
     Frame,
     FrameKind,
@@ -40,7 +49,7 @@ from offcpu_exporter.snapshot import (
 from offcpu_exporter.symbols import UNKNOWN as _UNMAPPED  # the frame of an address in no mapping
 from offcpu_exporter.targets import ProcessTable
 
-__all__ = ["Aggregator", "Symbolizer", "increase", "lost_frame"]
+__all__ = ["AggregateConfig", "Aggregator", "Symbolizer", "apportion", "increase", "lost_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -62,25 +71,59 @@ class Symbolizer(Protocol):
     def failures(self) -> int: ...
 
 
-def increase(current: tuple[int, int], previous: tuple[int, int] | None) -> tuple[int, int]:
+def increase(current: CounterValue, previous: CounterValue | None) -> CounterValue:
     """The increase of a cumulative kernel counter since the previous read. A value lower than
     the previous one means the entry was deleted and re-created in between: all of it is new."""
-    if previous is None or current[0] < previous[0] or current[1] < previous[1]:
+    if previous is None or any(c < p for c, p in zip(current, previous, strict=True)):
         return current
-    return current[0] - previous[0], current[1] - previous[1]
+    return CounterValue(*(c - p for c, p in zip(current, previous, strict=True)))
 
 
-def _errno_name(stack_id: int) -> str:
-    return errno.errorcode.get(-stack_id, str(-stack_id))
+def apportion(total: int, weights: Sequence[int]) -> list[int]:
+    """`total` split in proportion to `weights`, in integers that sum to `total` exactly (largest
+    remainders get the units left over). All-zero weights get nothing."""
+    whole = sum(weights)
+    if whole <= 0 or total <= 0:
+        return [0] * len(weights)
+    shares = [total * w // whole for w in weights]
+    left = total - sum(shares)
+    if left:
+        by_remainder = sorted(range(len(weights)), key=lambda i: (total * weights[i]) % whole, reverse=True)
+        for i in by_remainder[:left]:
+            shares[i] += 1
+    return shares
 
 
 _LOST_WHY = {
-    "EEXIST": "stack map collision",  # another stack owns the bucket (no BPF_F_REUSE_STACKID)
     "ENOMEM": "stack map full",
     "EFAULT": "not captured",
     "RECLAIMED": "reclaimed",
+    "COUNTERS": "counter map full",
 }
 
+
+def lost_frame(why: int | str) -> Frame:
+    """`why`: an errno number or a key of _LOST_WHY."""
+    name = errno.errorcode.get(why, str(why)) if isinstance(why, int) else why
+    return Frame(f"[lost stack: {_LOST_WHY.get(name, name)}]", FrameKind.PLACEHOLDER)
+
+
+def _placeholder(name: str) -> Stack:
+    return Stack((Frame(name, FrameKind.PLACEHOLDER),), ())
+
+
+# Stacks that are not captured stacks, as (user id, kernel id) pairs no kernel id takes.
+_NOT_SAMPLED = (-1, -1)
+_IN_PROGRESS = (-2, -2)
+_FOLDED = (-3, -3)
+_SPECIAL_STACKS = {
+    _NOT_SAMPLED: _placeholder("[stack not sampled]"),
+    # kprobe mode captures stacks when the thread wakes: a block still going on has none yet.
+    _IN_PROGRESS: _placeholder("[still off CPU: stack taken when it wakes]"),
+    _FOLDED: Stack((lost_frame("COUNTERS"),), ()),
+}
+_RECLAIMED = (lost_frame("RECLAIMED"),)
+_SEEDED_FRAME = Frame("[off CPU since before it was watched]", FrameKind.PLACEHOLDER)
 
 _REASONS = {r.value: r for r in Reason}  # a dict lookup; Reason(value) is a slow Enum call
 
@@ -90,17 +133,36 @@ _REASONS = {r.value: r for r in Reason}  # a dict lookup; Reason(value) is a slo
 # named when they were read. Most such stacks only end in the stray address of a frame-pointer walk
 # through code built without frame pointers; they are given up on after a while.
 _UNRESOLVED_WINDOW_SECONDS = 30.0
-
-
-def lost_frame(stack_id_or_reason: int | str) -> Frame:
-    name = _errno_name(stack_id_or_reason) if isinstance(stack_id_or_reason, int) else stack_id_or_reason
-    return Frame(f"[lost stack: {_LOST_WHY.get(name, name)}]", FrameKind.PLACEHOLDER)
+# Freed stacks' addresses are kept this many flushes: a counter the kernel created while the stack
+# was being freed still names them (stack ids are content hashes: an id always means the same frames).
+_FREED_KEPT_FLUSHES = 3
+# Symbolized stacks neither in the kernel nor used for this many flushes are forgotten.
+_NAMES_KEPT_FLUSHES = 12
 
 
 @dataclass
 class _KeyState:
-    value: tuple[int, int]
+    value: CounterValue
     idle: int = 0
+
+
+_GroupKey = tuple[int, int, int]  # (tgid, tid, reason)
+_StackIds = tuple[int, int]  # (user stack id, kernel stack id)
+
+
+@dataclass
+class _Group:
+    """One thread's (or process's) blocks for one reason in one flush: the exact increase and the
+    weighted increase of each stack."""
+
+    blocks: int = 0
+    ns: int = 0
+    stacks: dict[_StackIds, list[int]] = field(default_factory=dict)  # ids -> [weighted blocks, weighted ns]
+
+    def weigh(self, ids: _StackIds, blocks: int, ns: int) -> None:
+        w = self.stacks.setdefault(ids, [0, 0])
+        w[0] += blocks
+        w[1] += ns
 
 
 @dataclass
@@ -111,19 +173,26 @@ class AggregateConfig:
     thread_names: bool = True
 
 
+_RowKey = tuple[ProcessKey, int, Reason, Stack]
+
+
 class Aggregator:
     """The one owner of the kernel maps: reads, diffs, drains, symbolizes, snapshots."""
 
     def __init__(self, probe: Probe, symbolizer: Symbolizer, processes: ProcessTable,
-                 config: AggregateConfig | None = None, *, start_time_ns: int | None = None) -> None:
+                 config: AggregateConfig | None = None, *, start_time_ns: int | None = None,
+                 in_progress: InProgress | None = None) -> None:
         self.probe = probe
         self.symbolizer = symbolizer
         self.processes = processes
         self.config = config or AggregateConfig()
-        self._keys: dict[RawKey, _KeyState] = {}
-        self._totals: dict[tuple[ProcessKey, int, Reason, Stack], Counter] = {}
+        self.in_progress = in_progress or InProgress(probe)
+        self._keys: dict[CounterKey, _KeyState] = {}
+        self._totals: dict[_RowKey, Counter] = {}
         self._kernel_stacks: dict[int, tuple[Frame, ...]] = {}
         self._user_stacks: dict[tuple[int, int], tuple[Frame, ...]] = {}
+        self._used: dict[int, int] = {}  # stack id -> the flush that last named a stack with it
+        self._freed: dict[int, tuple[tuple[int, ...], int]] = {}  # id -> (addresses, flush freed at)
         # (pid, user stack id) -> (symbolizer generation it was named at, give up after)
         self._unresolved: dict[tuple[int, int], tuple[int, float]] = {}
         # (symbol pid, user stack id, kernel stack id) -> the Stack made of the two cached halves:
@@ -131,100 +200,168 @@ class Aggregator:
         self._stacks: dict[tuple[int, int, int], Stack] = {}
         self._thread_names: dict[tuple[int, int], str] = {}
         self._lost: dict[str, int] = {}
+        self._hist: dict[ProcessKey, list[int]] = {}  # cumulative block counts per duration slot
+        self._hist_read: dict[int, list[int]] = {}  # tgid -> the kernel's slots at the last read
         self._flushes = 0
-        self._last_time_ns = start_time_ns or time.time_ns()
-        self.start_time_ns = self._last_time_ns
+        self._stats_read: list[int] = [0] * layout.STAT_MAX
+        self._sampled_ratio = 1.0
+        self.start_time_ns = start_time_ns or probe.attached_wall_ns or time.time_ns()
+        self._last_time_ns = self.start_time_ns
         self._sequence = 0
         self._children: dict[int, tuple[int, int, str]] = {}
         self._latest = Snapshot.empty(self.start_time_ns)
-        self._reclaimable: set[int] = set()
         self._infos: dict[ProcessKey, ProcessInfo] = {}
+        self._carried: dict[_RowKey, Counter] = {}  # increases taken between flushes (process_replaced)
 
     # -- one flush -------------------------------------------------------------------------
 
-    def flush(self) -> Snapshot:
+    def flush(self, *, final: bool = False, until_ns: int | None = None) -> Snapshot:
+        """Everything the kernel counted up to now (or up to `until_ns`, CLOCK_MONOTONIC, when
+        that is earlier), blocks in progress included. `final`: nothing is counted after it."""
         t0 = time.perf_counter()
-        read_at_ns = time.time_ns()  # the snapshot's time: the increases run up to this read
-        rows = list(self.probe.read_counts())
-        changed: list[tuple[RawKey, tuple[int, int]]] = []
-        unchanged: list[RawKey] = []
-        seen: set[RawKey] = set()
-        for raw, count, ns in rows:
-            seen.add(raw)
-            state = self._keys.get(raw)
-            inc = increase((count, ns), state.value if state else None)
-            if state is None:
-                self._keys[raw] = _KeyState((count, ns))
-            else:
-                state.value = (count, ns)
-            if inc[0] or inc[1]:
-                changed.append((raw, inc))
-                self._keys[raw].idle = 0
-            else:
-                self._keys[raw].idle += 1
-                unchanged.append(raw)
-        # Keys we knew that the kernel no longer has (deleted behind our back): forget them.
-        for raw in [k for k in self._keys if k not in seen]:
-            del self._keys[raw]
+        if self._sequence == 0 and self.probe.attached_wall_ns:
+            # Counting began when the probe was attached, not when this object was made.
+            self.start_time_ns = self._last_time_ns = self.probe.attached_wall_ns
+        now_k, now_wall = ktime_ns(), time.time_ns()
+        at = now_k if until_ns is None else min(until_ns, now_k)
+        if self.probe.cutoff_ns:
+            at = min(at, self.probe.cutoff_ns)  # past the window's end nothing counts
+        if final or until_ns is not None:
+            self.probe.set_cutoff(at)
+        at_wall = now_wall - (now_k - at)
 
-        changed.extend(self._drain(rows, unchanged))
+        groups: dict[_GroupKey, _Group] = {}
+        credits, blocked = self.in_progress.credit(at)
+        self._add_credits(groups, credits)
+        rows = self.probe.read_counts()
+        changed = self._diff(rows)
         self._refresh_children()
         self._retry_unresolved()
-        increases: dict[tuple[ProcessKey, int, Reason, Stack], Counter] = {}
-        for raw, inc in changed:
-            self._account(raw, Counter(*inc), increases)
-        self._reclaim_stacks()
-        expired = self._expire_processes()
-        snapshot = self._snapshot(increases, expired, time.perf_counter() - t0, read_at_ns)
+        for key, inc in changed:
+            self._add_row(groups, key, inc)
+        increases, self._carried = self._carried, {}
+        for gkey, group in groups.items():
+            self._account(gkey, group, increases)
+        self._collect_stacks(blocked)
+        expired = self._expire_processes(active={k[0] for k in increases})
+        snapshot = self._snapshot(increases, blocked, expired, time.perf_counter() - t0, at_wall, at)
+        if final or until_ns is not None:
+            # The probe may outlive this pipeline (a probe shared by several): it counts again.
+            self.probe.set_cutoff(0)
         self._latest = snapshot
         return snapshot
 
-    def _drain(self, rows: list[tuple[RawKey, int, int]],
-               unchanged: list[RawKey]) -> list[tuple[RawKey, tuple[int, int]]]:
+    def _diff(self, rows: list[tuple[CounterKey, CounterValue]]) -> list[tuple[CounterKey, CounterValue]]:
+        changed: list[tuple[CounterKey, CounterValue]] = []
+        unchanged: list[CounterKey] = []
+        seen: set[CounterKey] = set()
+        for key, value in rows:
+            seen.add(key)
+            state = self._keys.get(key)
+            if state is None:
+                self._keys[key] = state = _KeyState(value)
+                inc = value
+            else:
+                inc = increase(value, state.value)
+                state.value = value
+            if any(inc):
+                changed.append((key, inc))
+                state.idle = 0
+            else:
+                state.idle += 1
+                unchanged.append(key)
+        # Keys we knew that the kernel no longer has (deleted behind our back): forget them.
+        for key in [k for k in self._keys if k not in seen]:
+            del self._keys[key]
+        changed.extend(self._drain(len(rows), [k for k, _ in rows], unchanged))
+        return changed
+
+    def _drain(self, entries: int, keys: list[CounterKey],
+               unchanged: list[CounterKey]) -> list[tuple[CounterKey, CounterValue]]:
         cap = self.probe.config.max_counts
-        if len(rows) >= self.config.high_water * cap:
+        if entries >= self.config.high_water * cap:
             victims = unchanged
-            if len(rows) - len(victims) >= self.config.high_water * cap:
+            if entries - len(victims) >= self.config.high_water * cap:
                 # Everything is busy: drain it all; the kernel re-creates keys on the next switch.
-                victims = [raw for raw, _, _ in rows]
-            log.info("counts map at %d/%d entries: draining %d keys", len(rows), cap, len(victims))
+                victims = keys
+            log.info("counts map at %d/%d entries: draining %d keys", entries, cap, len(victims))
         else:
-            victims = [raw for raw in unchanged if self._keys[raw].idle >= self.config.age_after]
+            victims = [key for key in unchanged if self._keys[key].idle >= self.config.age_after]
         if not victims:
             return []
         extra = []
         final = self.probe.take_counts(victims)
-        for raw in victims:
-            state = self._keys.pop(raw, None)
-            value = final.get(raw)
+        for key in victims:
+            state = self._keys.pop(key, None)
+            value = final.get(key)
             if value is not None and state is not None:
                 inc = increase(value, state.value)
-                if inc[0] or inc[1]:
-                    extra.append((raw, inc))
-            self._reclaimable.update(sid for sid in (raw[2], raw[3]) if sid >= 0)
+                if any(inc):
+                    extra.append((key, inc))
         return extra
 
-    def _reclaim_stacks(self) -> None:
-        if not self._reclaimable:
-            return
-        referenced = {sid for raw in self._keys for sid in (raw[2], raw[3])}
-        referenced |= self.probe.pending_stack_ids()
-        free = self._reclaimable - referenced
-        self._reclaimable = set()
-        if not free:
-            return
-        self.probe.delete_stacks(free)
-        for sid in free:
-            self._kernel_stacks.pop(sid, None)
-        for key in [k for k in self._user_stacks if k[1] in free]:
-            del self._user_stacks[key]
-            self._unresolved.pop(key, None)
-        for skey in [k for k in self._stacks if k[1] in free or k[2] in free]:
-            del self._stacks[skey]
+    # -- exact and sampled figures -> per-stack increases -----------------------------------
 
-    def _refresh_children(self) -> None:
-        if self.probe.config.follow_children:
-            self._children = self.probe.children()
+    def _group_key(self, tgid: int, tid: int, reason: int) -> _GroupKey:
+        return (tgid, tid if self.probe.config.per_thread else 0, reason)
+
+    @staticmethod
+    def _add_row(groups: dict[_GroupKey, _Group], key: CounterKey, inc: CounterValue) -> None:
+        group = groups.setdefault((key.tgid, key.tid, key.reason), _Group())
+        group.blocks += inc.blocks
+        group.ns += inc.ns
+        if key.user_stack or key.kernel_stack:
+            group.weigh((key.user_stack, key.kernel_stack), inc.weighted_blocks, inc.weighted_ns)
+        elif inc.weighted_blocks or inc.weighted_ns:
+            # Captured blocks whose own counter could not be created (the map was full).
+            group.weigh(_FOLDED, inc.weighted_blocks, inc.weighted_ns)
+
+    def _add_credits(self, groups: dict[_GroupKey, _Group], credits: list[Credit]) -> None:
+        kprobe = self.probe.mode == "kprobe"
+        for credit in credits:
+            block = credit.block
+            group = groups.setdefault(self._group_key(block.tgid, credit.tid, block.reason), _Group())
+            group.ns += credit.ns
+            if block.weight and block.user_stack:
+                group.weigh((block.user_stack, block.kernel_stack), 0, credit.ns * block.weight)
+            elif kprobe:
+                group.weigh(_IN_PROGRESS, 0, credit.ns)
+            # Else a block whose stacks were not sampled: its time is spread like the thread's
+            # other unsampled blocks, over its sampled stacks.
+
+    def _account(self, gkey: _GroupKey, group: _Group, increases: dict[_RowKey, Counter],
+                 owner: ProcessInfo | None = None) -> None:
+        """Adds a group's increase to the totals, split over its stacks; to `owner` instead of the
+        process that holds the tgid now when given."""
+        tgid, tid, reason_value = gkey
+        info = owner or self._process_of(tgid)
+        symbol_pid = tgid
+        child = self._children.get(tgid)
+        if child is not None and child[2] == info.comm and self.processes.latest(child[0]) is not None:
+            # Forked by a watched process and (same comm) not exec'd since: the parent's address
+            # space, which stays readable when a short-lived child is already gone.
+            symbol_pid = child[0]
+        reason = _REASONS.get(reason_value, Reason.OTHER)
+        ids = list(group.stacks)
+        blocks = apportion(group.blocks, [group.stacks[i][0] for i in ids])
+        nss = apportion(group.ns, [group.stacks[i][1] for i in ids])
+        rest = Counter(group.blocks - sum(blocks), group.ns - sum(nss))
+        rows = [(i, Counter(b, n)) for i, b, n in zip(ids, blocks, nss, strict=True)]
+        if rest:
+            rows.append((_NOT_SAMPLED, rest))
+        for (user_id, kernel_id), inc in rows:
+            if not inc:
+                continue
+            stack = self._stack(symbol_pid, user_id, kernel_id)
+            key = (info.key, tid, reason, stack)
+            self._totals[key] = self._totals.get(key, ZERO) + inc
+            increases[key] = increases.get(key, ZERO) + inc
+            for lost in _lost_halves(user_id, kernel_id, stack):
+                self._lost[lost] = self._lost.get(lost, 0) + inc.count
+        if tid and self.config.thread_names and (tgid, tid) not in self._thread_names:
+            self._thread_names[(tgid, tid)] = _thread_name(tgid, tid)
+
+    # -- stacks ----------------------------------------------------------------------------
 
     def _process_of(self, tgid: int) -> ProcessInfo:
         info = self.processes.info(tgid)
@@ -234,65 +371,58 @@ class Aggregator:
         self._infos[info.key] = info
         return info
 
-    def _account(self, raw: RawKey, inc: Counter,
-                 increases: dict[tuple[ProcessKey, int, Reason, Stack], Counter]) -> None:
-        tgid, tid, user_id, kernel_id, reason_value = raw
-        info = self._process_of(tgid)
-        symbol_pid = tgid
-        child = self._children.get(tgid)
-        if child is not None and child[2] == info.comm and self.processes.latest(child[0]) is not None:
-            # Forked by a watched process and (same comm) not exec'd since: the parent's address
-            # space, which stays readable when a short-lived child is already gone.
-            symbol_pid = child[0]
-        stack = self._stack(symbol_pid, user_id, kernel_id, inc.count)
-        reason = _REASONS.get(reason_value, Reason.OTHER)
-        key = (info.key, tid, reason, stack)
-        self._totals[key] = self._totals.get(key, ZERO) + inc
-        increases[key] = increases.get(key, ZERO) + inc
-        if tid and self.config.thread_names and (tgid, tid) not in self._thread_names:
-            self._thread_names[(tgid, tid)] = _thread_name(tgid, tid)
-
-    def _stack(self, pid: int, user_id: int, kernel_id: int, count: int) -> Stack:
+    def _stack(self, pid: int, user_id: int, kernel_id: int) -> Stack:
+        special = _SPECIAL_STACKS.get((user_id, kernel_id))
+        if special is not None:
+            return special
         key = (pid, user_id, kernel_id)
+        self._used[user_id] = self._used[kernel_id] = self._flushes
         stack = self._stacks.get(key)
         if stack is not None:
             return stack
-        stack = Stack(self._user_frames(pid, user_id, count), self._kernel_frames(kernel_id, count))
-        # Only stacks whose halves are both cached: lost and reclaimed halves are counted (and
-        # may resolve differently) every time.
+        stack = Stack(self._user_frames(pid, user_id), self._kernel_frames(kernel_id))
         if (pid, user_id) in self._user_stacks and kernel_id in self._kernel_stacks:
             self._stacks[key] = stack
         return stack
 
-    def _lost_half(self, half: str, stack_id: int, count: int) -> None:
-        name = f"{half}:{_errno_name(stack_id)}"
-        self._lost[name] = self._lost.get(name, 0) + count
+    def _addresses(self, stack_id: int) -> tuple[int, ...] | None:
+        addresses = self.probe.stack(stack_id)
+        if addresses is None and stack_id in self._freed:
+            addresses = self._freed[stack_id][0]
+        return addresses
 
-    def _kernel_frames(self, stack_id: int, count: int) -> tuple[Frame, ...]:
-        if stack_id < 0:
-            self._lost_half("kernel", stack_id, count)
-            return (lost_frame(stack_id),)
+    def _special_half(self, stack_id: int) -> tuple[Frame, ...] | None:
+        """The frames of an id that is not a captured stack; None for a captured one."""
+        if stack_id >= layout.STACK_RESERVED:
+            return None
+        if stack_id == layout.STACK_SEEDED:
+            return (_SEEDED_FRAME,)
+        if stack_id >= layout.STACK_ERRNO_BASE:
+            return (lost_frame(stack_id - layout.STACK_ERRNO_BASE),)
+        return ()  # STACK_EMPTY: a kernel thread has no user half
+
+    def _kernel_frames(self, stack_id: int) -> tuple[Frame, ...]:
+        special = self._special_half(stack_id)
+        if special is not None:
+            return special
         frames = self._kernel_stacks.get(stack_id)
         if frames is None:
-            addresses = self.probe.stack(stack_id)
+            addresses = self._addresses(stack_id)
             if addresses is None:
-                self._lost_half("kernel", -errno.ENOENT, count)
-                return (lost_frame("RECLAIMED"),)
+                return _RECLAIMED
             frames = _without_probe_frames(self.symbolizer.kernel(addresses))
             self._kernel_stacks[stack_id] = frames
         return frames
 
-    def _user_frames(self, pid: int, stack_id: int, count: int) -> tuple[Frame, ...]:
-        if stack_id < 0:
-            self._lost_half("user", stack_id, count)
-            # Kernel threads have no user stack (-EFAULT): an empty half, not a lost one.
-            return () if stack_id == -errno.EFAULT else (lost_frame(stack_id),)
+    def _user_frames(self, pid: int, stack_id: int) -> tuple[Frame, ...]:
+        special = self._special_half(stack_id)
+        if special is not None:
+            return special
         frames = self._user_stacks.get((pid, stack_id))
         if frames is None:
-            addresses = self.probe.stack(stack_id)
+            addresses = self._addresses(stack_id)
             if addresses is None:
-                self._lost_half("user", -errno.ENOENT, count)
-                return (lost_frame("RECLAIMED"),)
+                return _RECLAIMED
             # Taken before naming: a re-read during it makes the next flush try again, not never.
             generation = self.symbolizer.generation(pid)
             frames = self.symbolizer.user(pid, addresses)
@@ -300,6 +430,43 @@ class Aggregator:
             if _UNMAPPED in frames:
                 self._unresolved[(pid, stack_id)] = (generation, time.monotonic() + _UNRESOLVED_WINDOW_SECONDS)
         return frames
+
+    def _collect_stacks(self, blocked: dict[int, StartEntry]) -> None:
+        """Frees stacks no counter and no block in progress references. The kernel may create a
+        counter with such a stack between the reads and the delete: the freed stack's addresses
+        are kept a few flushes for it (ids are content hashes, so they still name the same frames)."""
+        referenced = {k.user_stack for k in self._keys} | {k.kernel_stack for k in self._keys}
+        referenced |= {b.user_stack for b in blocked.values()} | {b.kernel_stack for b in blocked.values()}
+        in_map = self.probe.stack_ids()
+        free = in_map - referenced
+        for sid in free:
+            addresses = self.probe.stack(sid)
+            if addresses is not None:
+                self._freed[sid] = (addresses, self._flushes)
+        self.probe.delete_stacks(free)
+        self._stack_entries = len(in_map) - len(free)
+        for sid in [s for s, (_, at) in self._freed.items() if self._flushes - at > _FREED_KEPT_FLUSHES]:
+            del self._freed[sid]
+        # Names of stacks gone from the kernel and not seen for a while.
+        stale = {sid for sid, at in self._used.items()
+                 if self._flushes - at > _NAMES_KEPT_FLUSHES and sid not in referenced and sid not in self._freed}
+        if stale:
+            self._forget_names(stale)
+
+    def _forget_names(self, ids: set[int]) -> None:
+        """Drops the symbolized stacks of these stack ids."""
+        for sid in ids:
+            self._kernel_stacks.pop(sid, None)
+            self._used.pop(sid, None)
+        for key in [k for k in self._user_stacks if k[1] in ids]:
+            del self._user_stacks[key]
+            self._unresolved.pop(key, None)
+        for skey in [k for k in self._stacks if k[1] in ids or k[2] in ids]:
+            del self._stacks[skey]
+
+    def _refresh_children(self) -> None:
+        if self.probe.config.follow_children:
+            self._children = self.probe.children()
 
     def forget_program(self, pid: int) -> None:
         """Drops what names the user stacks of `pid`: its maps and the symbolized stacks. For a
@@ -312,6 +479,29 @@ class Aggregator:
         for skey in [k for k in self._stacks if k[0] == pid]:
             del self._stacks[skey]
 
+    def process_replaced(self, old: ProcessKey) -> None:
+        """A new process holds `old`'s pid now: what the kernel holds under that tgid (counters,
+        histogram) is the old process's, and is taken out and accounted to it before the new one is
+        counted."""
+        pid = old.pid
+        keys = [k for k in self._keys if k.tgid == pid]
+        taken = self.probe.take_counts(keys)
+        groups: dict[_GroupKey, _Group] = {}
+        for key in keys:
+            state = self._keys.pop(key)
+            value = taken.get(key)
+            if value is not None and any(inc := increase(value, state.value)):
+                self._add_row(groups, key, inc)
+        slots = self.probe.take_hist(pid)
+        info = self.processes.info_of(old)
+        if info is not None:  # else past its grace already: its series are gone, and stay gone
+            # Reported as part of the next snapshot's increase (what outputs of increases sum).
+            for gkey, group in groups.items():
+                self._account(gkey, group, self._carried, owner=info)
+            self._add_hist(old, pid, slots)
+        self._hist_read.pop(pid, None)
+        self.forget_program(pid)
+
     def _retry_unresolved(self) -> None:
         if not self._unresolved:
             return
@@ -323,7 +513,7 @@ class Aggregator:
                 if now >= give_up_at:
                     del self._unresolved[key]
                 continue
-            addresses = self.probe.stack(stack_id)
+            addresses = self._addresses(stack_id)
             if addresses is None or key not in self._user_stacks:
                 del self._unresolved[key]
                 continue
@@ -338,8 +528,12 @@ class Aggregator:
             else:
                 self._unresolved[key] = (generations[pid], give_up_at)
 
-    def _expire_processes(self) -> list[ProcessInfo]:
-        gone = self.processes.expire(self.config.exited_grace_seconds)
+    # -- processes -------------------------------------------------------------------------
+
+    def _expire_processes(self, active: set[ProcessKey]) -> list[ProcessInfo]:
+        """Forgets processes past their grace, except those counted in this flush: their last
+        increase must reach the outputs first (they go at the next flush)."""
+        gone = self.processes.expire(self.config.exited_grace_seconds, keep=active)
         if not gone:
             return gone
         keys = {info.key for info in gone}
@@ -347,21 +541,41 @@ class Aggregator:
             del self._totals[k]
         for key in keys:
             self._infos.pop(key, None)
+            self._hist.pop(key, None)
         for info in gone:
             if self.processes.latest(info.pid) is not None:
                 continue  # the pid is held by a newer process now: its state is not ours to drop
             self.forget_program(info.pid)
-            self.probe.delete_hist(info.pid)
+            self.probe.take_hist(info.pid)
+            self._hist_read.pop(info.pid, None)
             if self.probe.config.follow_children:
                 self.probe.forget_child(info.pid)
             for thread_key in [k for k in self._thread_names if k[0] == info.pid]:
                 del self._thread_names[thread_key]
         return gone
 
+    def _add_hist(self, key: ProcessKey, tgid: int, slots: list[int]) -> None:
+        last = self._hist_read.get(tgid)
+        if last is None or any(s < p for s, p in zip(slots, last, strict=True)):
+            inc = slots  # new, or deleted and re-created since
+        else:
+            inc = [s - p for s, p in zip(slots, last, strict=True)]
+        self._hist_read[tgid] = slots
+        if any(inc):
+            total = self._hist.setdefault(key, [0] * layout.HIST_SLOTS)
+            for i, n in enumerate(inc):
+                total[i] += n
+
+    def _read_hist(self) -> None:
+        for tgid, slots in self.probe.read_hist().items():
+            holder = self.processes.latest(tgid)
+            if holder is not None:
+                self._add_hist(holder.key, tgid, slots)
+
     # -- the snapshot ----------------------------------------------------------------------
 
-    def _snapshot(self, increases: dict[tuple[ProcessKey, int, Reason, Stack], Counter],
-                  expired: list[ProcessInfo], duration: float, now_ns: int) -> Snapshot:
+    def _snapshot(self, increases: dict[_RowKey, Counter], blocked: dict[int, StartEntry],
+                  expired: list[ProcessInfo], duration: float, now_ns: int, at_ktime: int) -> Snapshot:
         self._sequence += 1
         self._flushes += 1
         samples = []
@@ -380,23 +594,23 @@ class Aggregator:
             by_reason = per_process.setdefault(pkey, {})
             by_reason[reason] = by_reason.get(reason, ZERO) + total
 
-        hist = self.probe.read_hist()
+        self._read_hist()
         for pid in self.processes.watched_pids():
             info = self.processes.info(pid)
             if info is not None:
                 self._infos[info.key] = info
+        off_cpu = self._blocked_now(blocked, at_ktime)
         views: dict[ProcessKey, ProcessView] = {}
         for pkey in set(self._infos) | set(per_process):
             info = self.processes.info_of(pkey) or self._infos.get(pkey) or ProcessInfo(pkey, "[exited]", exited=True)
             by_reason = per_process.get(pkey, {})
-            current = self.processes.latest(pkey.pid)
-            # The histogram map is keyed by tgid: it belongs to the latest holder of the pid.
-            slots = hist.get(pkey.pid) if current is not None and current.key == pkey else None
+            slots = self._hist.get(pkey)
             views[pkey] = ProcessView(info=info, total=sum(by_reason.values(), ZERO),
                                       by_reason=MappingProxyType(dict(by_reason)),
-                                      histogram=tuple(slots) if slots else ())
+                                      histogram=tuple(slots) if slots else (),
+                                      blocked=MappingProxyType(off_cpu.get(pkey, {})))
 
-        health = self._health(duration, counts_entries=len(self._keys))
+        health = self._health(duration, counts=len(self._keys), start=len(blocked))
         snapshot = Snapshot(
             sequence=self._sequence,
             time_ns=now_ns,
@@ -409,9 +623,31 @@ class Aggregator:
         self._last_time_ns = now_ns
         return snapshot
 
-    def _health(self, duration: float, *, counts_entries: int) -> Health:
+    def _blocked_now(self, blocked: dict[int, StartEntry], at: int) -> dict[ProcessKey, dict[Reason, Blocked]]:
+        out: dict[ProcessKey, dict[Reason, Blocked]] = {}
+        for block in blocked.values():
+            holder = self.processes.latest(block.tgid)
+            if holder is None:
+                continue
+            reasons = out.setdefault(holder.key, {})
+            reason = _REASONS.get(block.reason, Reason.OTHER)
+            seen = reasons.get(reason)
+            longest = max(0, at - block.ts_ns)
+            reasons[reason] = Blocked(1, longest) if seen is None else Blocked(
+                seen.threads + 1, max(seen.longest_ns, longest))
+        return out
+
+    def _health(self, duration: float, **sizes_known: int) -> Health:
         stats = self.probe.stats()
-        sizes = self.probe.map_sizes(counts_entries=counts_entries)
+        if getattr(self, "_stack_entries", None) is not None:
+            sizes_known[layout.MAP_STACKS] = self._stack_entries
+        sizes = self.probe.map_sizes(**sizes_known)
+        blocks = stats[layout.STAT_BLOCKS] - self._stats_read[layout.STAT_BLOCKS]
+        captures = stats[layout.STAT_CAPTURES] - self._stats_read[layout.STAT_CAPTURES]
+        if blocks > 0:
+            self._sampled_ratio = min(1.0, captures / blocks)
+        self._stats_read = stats
+        run_ns, runs = self.probe.run_time()
         return Health(
             attach_mode=self.probe.mode,
             hooked_symbols=self.probe.hooked,
@@ -423,9 +659,17 @@ class Aggregator:
                 layout.MAP_COUNTS: stats[layout.STAT_COUNTS_DROPPED],
                 layout.MAP_START: stats[layout.STAT_START_DROPPED],
                 layout.MAP_HIST: stats[layout.STAT_HIST_DROPPED],
+                layout.MAP_STACKS: stats[layout.STAT_STACKS_DROPPED],
             }),
             dropped_ns=stats[layout.STAT_COUNTS_DROPPED_NS],
-            spilled_stacks=stats[layout.STAT_STACKS_SPILLED],
+            filtered_blocks=stats[layout.STAT_FILTERED],
+            filtered_ns=stats[layout.STAT_FILTERED_NS],
+            blocks=stats[layout.STAT_BLOCKS],
+            stack_captures=stats[layout.STAT_CAPTURES],
+            stack_sampling=self.probe.config.stack_sampling,
+            stack_sampled_ratio=self._sampled_ratio,
+            probe_run_ns=run_ns,
+            probe_runs=runs,
             symbolization_failures=self.symbolizer.failures,
             flush_duration_seconds=duration,
             flushes=self._flushes,
@@ -436,7 +680,8 @@ class Aggregator:
         """The snapshot outputs see until the first flush, with the probe's health filled in once
         it is attached: a scrape right after start must not read as "probe not attached"."""
         if self._latest.sequence == 0 and self.probe.attached:
-            self._latest = replace(self._latest, health=self._health(0.0, counts_entries=len(self._keys)))
+            start = self.probe.attached_wall_ns or self.start_time_ns
+            self._latest = replace(Snapshot.empty(start), health=self._health(0.0, counts=len(self._keys)))
         return self._latest
 
     @property
@@ -457,9 +702,23 @@ def _without_probe_frames(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
     return frames[i:]
 
 
+def _lost_halves(user_id: int, kernel_id: int, stack: Stack) -> list[str]:
+    """`half:REASON` of each half of a stack that was lost (Health.lost_stacks keys)."""
+    out = []
+    for half, sid, frames in (("user", user_id, stack.user), ("kernel", kernel_id, stack.kernel)):
+        if layout.STACK_ERRNO_BASE <= sid < layout.STACK_RESERVED:
+            number = sid - layout.STACK_ERRNO_BASE
+            out.append(f"{half}:{errno.errorcode.get(number, str(number))}")
+        elif frames == _RECLAIMED:
+            out.append(f"{half}:RECLAIMED")
+    return out
+
+
 def _thread_name(tgid: int, tid: int) -> str:
     try:
         with open(f"/proc/{tgid}/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
             return f.read().rstrip("\n")
     except OSError:
         return ""
+
+

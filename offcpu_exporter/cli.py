@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import BinaryIO
@@ -92,8 +91,19 @@ def _add_probe(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-block", type=parse_duration, default=(1 << 64) - 1, metavar="DURATION",
                    help="ignore blocks longer than this")
     g.add_argument("--stack-storage-size", type=positive_int, default=16384, metavar="N",
-                   help="distinct stacks the kernel can hold (default 16384; ~1 KiB each), plus a quarter as many "
-                        "for stacks that collide in its hash buckets")
+                   help="distinct stacks the kernel can hold (default 16384; ~1 KiB each)")
+    g.add_argument("--stack-sampling", choices=("on", "off"), default="on",
+                   help="on (default): capture the stacks of a bounded sample of blocks (--stack-budget); switch "
+                        "counts and off-CPU time per process, thread and reason stay exact, per-stack figures are "
+                        "estimates scaled to them. off: capture every block's stacks (full fidelity, full cost)")
+    g.add_argument("--stack-budget", type=positive_int, default=1000, metavar="N",
+                   help="stack captures per second per thread with sampling on (default 1000): threads that "
+                        "block less often have every block captured")
+    g.add_argument("--stack-budget-cpu", type=positive_int, default=5000, metavar="N",
+                   help="stack captures per second per CPU with sampling on (default 5000)")
+    g.add_argument("--bpf-stats", choices=("on", "off"), default="on",
+                   help="have the kernel time the probe's programs (BPF_ENABLE_STATS) for "
+                        "offcpu_exporter_probe_cpu_seconds_total (default on; ~20 ns per context switch)")
     g.add_argument("--max-counters", type=positive_int, default=65536, metavar="N",
                    help="distinct (process, thread, stack, reason) counters in the kernel (default 65536)")
     g.add_argument("--max-threads", type=positive_int, default=65536, metavar="N",
@@ -230,6 +240,10 @@ def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
         max_counts=options.max_counters,
         max_threads=options.max_threads,
         stack_storage=options.stack_storage_size,
+        stack_sampling=options.stack_sampling == "on",
+        stack_budget_thread=options.stack_budget,
+        stack_budget_cpu=options.stack_budget_cpu,
+        run_time_stats=options.bpf_stats == "on",
     ))
     rules = TargetRules(pids=tuple(options.pid), comm=options.comm, cmdline=options.cmdline,
                         watch_all=options.all, follow_children=options.follow_children, predicate=predicate)
@@ -361,7 +375,7 @@ def cmd_record(options: argparse.Namespace) -> int:
 
 
 def _record(options: argparse.Namespace, output: BinaryIO) -> int:
-    from offcpu_exporter.probe.loader import ProbeError
+    from offcpu_exporter.probe.loader import ProbeError, ktime_ns
     from offcpu_exporter.record import Progress, RecordSink, write_profile
 
     stop = _stop_on_signals()
@@ -376,15 +390,20 @@ def _record(options: argparse.Namespace, output: BinaryIO) -> int:
         return 1
     recorder = RecordSink()
     pipeline.sinks = [recorder]
+    # The window is [attach, attach + duration] on the probe's clock, whenever the last flush runs:
+    # the kernel counts nothing after its end, and blocks still going on are counted up to it.
+    end_ns = probe.attached_ktime_ns + int(options.duration * 1e9)
+    pipeline.end_window_at(end_ns)
     pipeline.start()
-    started = time.monotonic()
     progress = Progress(options.duration, recorder.seen)
     progress.update()
-    while not stop.wait(min(1.0, max(0.0, options.duration - (time.monotonic() - started)))):
-        if time.monotonic() - started >= options.duration:
+    while not stop.wait(min(1.0, max(0.0, (end_ns - ktime_ns()) / 1e9))):
+        if ktime_ns() >= end_ns:
             break
         progress.update()
-    pipeline.stop()  # flushes once more: the recorder gets everything counted until now
+    if ktime_ns() < end_ns:
+        pipeline.end_window_at(ktime_ns())  # interrupted: the window ends now
+    pipeline.stop()  # flushes once more: the recorder gets everything counted in the window
     probe.close()
     progress.finish()
     write_profile(options.format, recorder.profile(f"record {options.duration:g} s"), output)

@@ -46,6 +46,8 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self._sink_errors = RateLimitedLog(log, interval=60)
         self._prepared: dict[int, ProcessKey] = {}  # pid -> the process whose maps were read
+        self._seeded_all = False
+        self._final_until_ns: int | None = None
 
     # -- what sinks and handlers call (any thread) ----------------------------------------
 
@@ -82,6 +84,12 @@ class Pipeline:
         if added:
             log.info("watching %d new process(es): %s", len(added),
                      ", ".join(f"{p.comm}[{p.pid}]" for p in added[:10]))
+        # A pid held by a new process: what the kernel counted under it so far is the old one's.
+        for pid, old in list(self._prepared.items()):
+            current = self.processes.info(pid)
+            if current is not None and current.key != old:
+                self.aggregator.process_replaced(old)
+                del self._prepared[pid]
         for info in self.processes.take_execs():
             # Stacks counted in the moment between the exec and this scan may be named from the new
             # program's maps; from here on they all are.
@@ -96,10 +104,6 @@ class Pipeline:
             prepared = self._prepared.get(pid)
             if current is None or prepared == current.key:
                 continue
-            if prepared is not None:
-                # The pid was reused: what was read for the process that held it before (its maps,
-                # kept after its exit to name its last stacks) is not this one's, as after an exec.
-                self.aggregator.forget_program(pid)
             self.aggregator.symbolizer.prepare(pid)
             self._prepared[pid] = current.key
         for pid in [pid for pid in self._prepared if self.processes.latest(pid) is None]:
@@ -107,15 +111,22 @@ class Pipeline:
 
     def _sync_kernel_filter(self) -> None:
         kernel = self.probe.kernel_targets()
+        in_progress = self.aggregator.in_progress
         if self.probe.config.watch_all:
             for pid in self._exclude:
                 if kernel.get(pid) != layout.TARGET_EXCLUDE:
                     self.probe.set_target(pid, layout.TARGET_EXCLUDE)
+            if not self._seeded_all:
+                # Everything is watched from the attach on; threads off CPU since before are seeded.
+                self._seeded_all = True
+                for pid in self.processes.watched_pids():
+                    in_progress.seed(pid)
             return
         wanted = self.processes.watched_pids()
         for pid in wanted - kernel.keys():
             log.debug("adding target %d to the kernel filter", pid)
             self.probe.set_target(pid, layout.TARGET_WATCH)
+            in_progress.seed(pid)  # after the filter: a switch-out from now on is the probe's own
         children = self.probe.children() if self.probe.config.follow_children else {}
         for pid in kernel.keys() - wanted:
             if pid in children:
@@ -126,11 +137,11 @@ class Pipeline:
             log.debug("removing target %d from the kernel filter", pid)
             self.probe.remove_target(pid)
 
-    def flush(self) -> Snapshot:
+    def flush(self, *, final: bool = False) -> Snapshot:
         with self._lock:
             self._flushes_started += 1
             number = self._flushes_started
-        snapshot = self.aggregator.flush()
+        snapshot = self.aggregator.flush(final=final, until_ns=self._final_until_ns if final else None)
         with self._lock:
             self._flushes_done = number
             self._latest = snapshot
@@ -171,10 +182,11 @@ class Pipeline:
                 next_flush = time.monotonic() + self.flush_interval
             self._wake.wait(max(0.0, min(next_flush, next_targets) - time.monotonic()))
             self._wake.clear()
-        # Once more on the way out: nothing counted before the signal is left in the kernel.
+        # Once more on the way out: nothing counted before the signal is left in the kernel, and
+        # blocks still going on count up to this flush (or up to the end of the window asked for).
         try:
             self.sync_targets()
-            self.flush()
+            self.flush(final=True)
         except Exception:
             log.exception("final flush failed")
 
@@ -184,6 +196,11 @@ class Pipeline:
                 self._latest = self.aggregator.before_first_flush()
         self._thread = threading.Thread(target=self.run, name="offcpu-pipeline", daemon=True)
         self._thread.start()
+
+    def end_window_at(self, ktime_ns: int) -> None:
+        """Count nothing after `ktime_ns` (CLOCK_MONOTONIC): the final flush covers up to there."""
+        self.probe.set_cutoff(ktime_ns)
+        self._final_until_ns = ktime_ns
 
     def stop(self, sink_timeout: float = 10.0) -> None:
         self._stop.set()

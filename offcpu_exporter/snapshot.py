@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 __all__ = [
     "HISTOGRAM_BUCKETS_US",
+    "Blocked",
     "Counter",
     "Frame",
     "FrameKind",
@@ -247,6 +248,19 @@ HISTOGRAM_BUCKETS_US: tuple[int, ...] = tuple(1 << i for i in range(26))
 
 
 @dataclass(frozen=True, slots=True)
+class Blocked:
+    """Threads of a process off CPU right now, for one reason: how many, and since when the one
+    blocked longest (the time it has been off CPU so far, up to the snapshot)."""
+
+    threads: int
+    longest_ns: int
+
+    @property
+    def longest_seconds(self) -> float:
+        return self.longest_ns / 1e9
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessView:
     info: ProcessInfo
     total: Counter
@@ -254,6 +268,7 @@ class ProcessView:
     # Cumulative non-cumulative-bucket counts: histogram[i] = blocks with duration in slot i
     # (slot i covers [2^(i-1), 2^i) us; the last slot also takes everything longer).
     histogram: tuple[int, ...] = ()
+    blocked: Mapping[Reason, Blocked] = field(default_factory=dict)  # off CPU at the snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,15 +283,18 @@ class Health:
     map_capacity: Mapping[str, int] = field(default_factory=dict)  # map -> max entries
     map_dropped: Mapping[str, int] = field(default_factory=dict)  # map -> updates refused (full)
     dropped_ns: int = 0  # off-CPU ns the kernel measured but could not store (counter map full)
-    spilled_stacks: int = 0  # stack captures that collided in the stack map and went to the spill map
+    filtered_blocks: int = 0  # blocks outside --min-block/--max-block
+    filtered_ns: int = 0
+    blocks: int = 0  # blocks the kernel counted
+    stack_captures: int = 0  # of those, the ones whose stacks were captured
+    stack_sampling: bool = False  # captures are a bounded sample (else every block's)
+    stack_sampled_ratio: float = 1.0  # captures / blocks over the last flush interval
+    probe_run_ns: int = 0  # CPU time in the probe's programs (0 unless the kernel times BPF programs)
+    probe_runs: int = 0
     symbolization_failures: int = 0
     flush_duration_seconds: float = 0.0  # of the flush that produced this snapshot
     flushes: int = 0
     targets: int = 0
-    cardinality_overflow: Mapping[str, int] = field(default_factory=dict)  # what -> items folded away
-    sink_dropped: Mapping[str, int] = field(default_factory=dict)  # filled by sinks' own metrics
-
-
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     sequence: int  # 0 for the empty snapshot before the first flush

@@ -11,7 +11,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from offcpu_exporter.k8s.cgroup import ContainerIdentity, identify
@@ -258,10 +258,12 @@ class ProcessTable:
     def live(self) -> list[ProcessInfo]:
         return [e.info for e in self._by_pid.values()]
 
-    def expire(self, grace_seconds: float, now: float | None = None) -> list[ProcessInfo]:
-        """Forget processes that exited more than `grace_seconds` ago; returns them."""
+    def expire(self, grace_seconds: float, now: float | None = None,
+               keep: Collection[ProcessKey] = ()) -> list[ProcessInfo]:
+        """Forget processes that exited more than `grace_seconds` ago, but those in `keep`; returns them."""
         now = time.monotonic() if now is None else now
-        gone = [e for e in self._exited.values() if e.exited_at is not None and now - e.exited_at >= grace_seconds]
+        gone = [e for e in self._exited.values()
+                if e.exited_at is not None and now - e.exited_at >= grace_seconds and e.info.key not in keep]
         for entry in gone:
             del self._exited[entry.info.key]
             if self._last_exited.get(entry.info.pid) == entry.info.key:

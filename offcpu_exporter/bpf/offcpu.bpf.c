@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0
 /* Off-CPU time per stack for the watched processes, compiled by bcc at start.
  *
- * Attach modes share one counting logic (account()):
+ * Attach modes share one counting logic (switch_out(), switch_in()):
  *  - OFFCPU_ATTACH_KPROBE: a kprobe on finish_task_switch(prev), SkyWalking Rover's and bcc
  *    offcputime's hook. It runs in the task that is switched in, so the stack captured there is
- *    the stack it blocked on. Reads prev's task_struct: needs headers that match the kernel.
+ *    the stack it blocked on, and the block's length is known before the capture is decided.
+ *    Reads prev's task_struct: needs headers that match the kernel.
  *  - OFFCPU_ATTACH_TRACEPOINT: sched:sched_switch, where current is still prev: the stack is
  *    captured at switch-out and the time is charged at switch-in (next_pid). Uses only the
  *    tracepoint's own fields, so it is exact with any headers.
@@ -15,10 +16,17 @@
  *    until it runs again. Raw tracepoints guard each program on its own. next's pid is read at
  *    TASK_PID_OFFSET, taken from the running kernel's BTF, so headers do not matter here either.
  *
- * The kernel side only counts. Filtering comes first so that unwatched tasks cost one lookup.
+ * Every block of a watched thread is counted exactly (count, ns) under (tgid, tid, reason). Its
+ * stacks are captured for a sample of blocks only (STACK_SAMPLING): each thread gets about
+ * THREAD_BUDGET captures per SAMPLE_WINDOW_NS and each CPU about CPU_BUDGET; a thread that switches
+ * less often than its budget has every block captured. A captured block carries its weight (1 /
+ * the probability it was captured) into the per-stack estimate, which user space scales to the
+ * exact total of its thread and reason. The stack walks are ~90% of the cost of a block.
+ *
  * Set by the loader with -D: OFFCPU_ATTACH_*, PER_THREAD, WATCH_ALL, FOLLOW_CHILDREN,
- * MIN_BLOCK_NS, MAX_BLOCK_NS and the map sizes MAX_TARGETS, MAX_THREADS, MAX_COUNTS,
- * STACK_STORAGE, STACK_SPILL, STACK_SPILL_BASE, MAX_HIST.
+ * MIN_BLOCK_NS, MAX_BLOCK_NS, STACK_SAMPLING, SAMPLE_WINDOW_NS, THREAD_BUDGET, CPU_BUDGET,
+ * LONG_BLOCK_NS, the map sizes MAX_TARGETS, MAX_THREADS, MAX_COUNTS, STACK_STORAGE, MAX_HIST, and
+ * where BTF has them TASK_PID_OFFSET (raw tracepoint) and TASK_LOAD_BIT (kprobe).
  */
 #include <uapi/linux/ptrace.h>
 #include <linux/sched.h>
@@ -34,40 +42,30 @@
  * their events; without such perf users it costs nothing. Raw tracepoints ignore the value (their
  * programs do not sit in front of perf's events). */
 #define OFFCPU_KEEP_EVENT 1
+#define OFFCPU_MAX_SHIFT 16 /* captures 1 in 65536 at most: keeps weight * ns inside 64 bits */
 
 BPF_HASH(targets, u32, u8, MAX_TARGETS);
 BPF_HASH(children, u32, struct offcpu_child, MAX_TARGETS);
 BPF_HASH(start, u32, struct offcpu_start, MAX_THREADS);
+BPF_HASH(marks, u32, struct offcpu_mark, MAX_THREADS);
 BPF_HASH(counts, struct offcpu_key, struct offcpu_value, MAX_COUNTS);
 BPF_HASH(hist, struct offcpu_hist_key, u64, MAX_HIST);
-BPF_STACK_TRACE(stack_traces, STACK_STORAGE);
-BPF_STACK_TRACE(stack_spill, STACK_SPILL);
+BPF_HASH(stacks, u64, struct offcpu_stack, STACK_STORAGE);
+BPF_PERCPU_ARRAY(scratch, struct offcpu_stack, 1);
+BPF_ARRAY(control, struct offcpu_control, 1);
 BPF_PERCPU_ARRAY(stats, u64, OFFCPU_STAT_MAX);
+#if STACK_SAMPLING
+/* LRU: threads that stop being watched (their process left the targets) never switch out as
+ * watched again, so nothing would delete their entries; the LRU map evicts them instead. */
+BPF_TABLE("lru_hash", u32, struct offcpu_sampler, sampler, MAX_THREADS);
+BPF_PERCPU_ARRAY(cpu_sampler, struct offcpu_cpu_sampler, 1);
+#endif
 
 static __always_inline void stat_add(int index, u64 n)
 {
 	u64 *v = stats.lookup(&index);
 	if (v)
 		*v += n; /* per-CPU slot: no other writer */
-}
-
-/* bpf_get_stackid() hashes a stack to one bucket and, without BPF_F_REUSE_STACKID, fails with
- * -EEXIST when another stack holds it (__bpf_get_stackid() in kernel/bpf/stackmap.c). Reusing
- * the bucket would rename the stack that held it under every counter keyed by its id. By the
- * birthday bound such collisions are common long before the map is full: K stacks in N buckets
- * collide in about K^2/2N pairs (1% of runs with 20 stacks in 16384 buckets, a quarter of 5,000
- * stacks lost). A collided stack goes to a second, smaller map instead, where it collides again
- * only with another collided stack; its ids there are offset by the first map's bucket count. */
-static __always_inline int stack_id(void *ctx, u64 flags)
-{
-	int id = stack_traces.get_stackid(ctx, flags);
-	if (id != -EEXIST)
-		return id;
-	int spilled = stack_spill.get_stackid(ctx, flags);
-	if (spilled < 0)
-		return spilled;
-	stat_add(OFFCPU_STAT_STACKS_SPILLED, 1);
-	return spilled + STACK_SPILL_BASE;
 }
 
 static __always_inline int is_target(u32 tgid)
@@ -82,34 +80,220 @@ static __always_inline int is_target(u32 tgid)
 #endif
 }
 
-static __always_inline void account(struct offcpu_start *s, u32 tid, u64 now,
-				    int user_stack_id, int kernel_stack_id)
+/* Captures the current task's user (BPF_F_USER_STACK) or kernel stack and stores it under a hash
+ * of its frames. Content-addressed ids (unlike bpf_get_stackid()'s bucket indices, which another
+ * stack takes over once an id is freed, and which fail with -EEXIST when two stacks share a
+ * bucket) let user space free unreferenced stacks at any time: a counter created meanwhile still
+ * names the same frames, which user space keeps by id. */
+static __always_inline u64 capture_stack(void *ctx, u64 flags)
 {
-	u64 delta = now - s->ts_ns;
-	if (delta < MIN_BLOCK_NS || delta > MAX_BLOCK_NS) {
+	int zero = 0;
+	struct offcpu_stack *buf = scratch.lookup(&zero);
+	if (!buf)
+		return OFFCPU_STACK_ERRNO_BASE + ENOMEM;
+	long len = bpf_get_stack(ctx, buf->ips, sizeof(buf->ips), flags);
+	if (len < 0)
+		return OFFCPU_STACK_ERRNO_BASE + ((u64)-len & 0x3ff);
+	if (len == 0)
+		return OFFCPU_STACK_EMPTY;
+	u32 n = len / sizeof(u64);
+	u64 h = 0x9e3779b97f4a7c15ULL ^ n;
+	for (int i = 0; i < OFFCPU_MAX_DEPTH; i++) {
+		if (i >= n)
+			break;
+		h ^= buf->ips[i];
+		h *= 0xff51afd7ed558ccdULL;
+		h ^= h >> 33;
+	}
+	if (h < OFFCPU_STACK_RESERVED)
+		h += OFFCPU_STACK_RESERVED;
+	int rc = stacks.insert(&h, buf);
+	if (rc != 0 && rc != -EEXIST) {
+		stat_add(OFFCPU_STAT_STACKS_DROPPED, 1);
+		return OFFCPU_STACK_ERRNO_BASE + ENOMEM;
+	}
+	return h;
+}
+
+#if STACK_SAMPLING
+/* The smallest shift with n >> shift <= budget. */
+static __always_inline u32 shift_for(u32 n, u32 budget)
+{
+	u32 shift = 0;
+#pragma unroll
+	for (int i = 0; i < OFFCPU_MAX_SHIFT; i++)
+		if ((n >> shift) > budget)
+			shift++;
+	return shift;
+}
+
+/* Whether this block of thread `tid` has its stacks captured: 0 (no) or its weight 2^shift. The
+ * probability is decided from earlier windows only, so every block's weight is exactly 1 / its
+ * probability and the per-stack sums are unbiased estimates. */
+static __always_inline u32 sample(u32 tid, u64 now)
+{
+	u32 shift = 0;
+	struct offcpu_sampler *t = sampler.lookup(&tid);
+	if (t) {
+		/* Only this thread's own switches touch its entry: no other writer at the same time. */
+		u64 age = now - t->window_start_ns;
+		if (age >= SAMPLE_WINDOW_NS) {
+			t->shift = age < 2 * SAMPLE_WINDOW_NS ? shift_for(t->switches, THREAD_BUDGET) : 0;
+			t->switches = 0;
+			t->window_start_ns = now;
+		}
+		t->switches++;
+		shift = t->shift;
+	} else {
+		struct offcpu_sampler init = {};
+		init.window_start_ns = now;
+		init.switches = 1;
+		sampler.update(&tid, &init);
+	}
+	int zero = 0;
+	struct offcpu_cpu_sampler *c = cpu_sampler.lookup(&zero);
+	if (c) {
+		if (now - c->window_start_ns >= SAMPLE_WINDOW_NS) {
+			if (c->captures > CPU_BUDGET)
+				c->shift += shift_for(c->captures, CPU_BUDGET);
+			else if (c->captures < CPU_BUDGET / 4 && c->shift)
+				c->shift--;
+			if (c->shift > OFFCPU_MAX_SHIFT)
+				c->shift = OFFCPU_MAX_SHIFT;
+			c->captures = 0;
+			c->window_start_ns = now;
+		}
+		shift += c->shift;
+	}
+	if (shift > OFFCPU_MAX_SHIFT)
+		shift = OFFCPU_MAX_SHIFT;
+	if (shift && (bpf_get_prandom_u32() & ((1u << shift) - 1)))
+		return 0;
+	if (c)
+		c->captures++;
+	return 1u << shift;
+}
+#else
+static __always_inline u32 sample(u32 tid, u64 now)
+{
+	return 1;
+}
+#endif
+
+/* A watched thread leaves the CPU. In tracepoint mode (capture != 0) current is that thread:
+ * its stacks are captured here, for a sample of its blocks. */
+static __always_inline void switch_out(void *ctx, u32 tid, u32 tgid, u32 reason, u64 now,
+				       struct offcpu_control *ctl, int capture)
+{
+	if (ctl && ctl->cutoff_ns && now >= ctl->cutoff_ns)
+		return; /* past the end of the window being measured */
+	struct offcpu_start s = {};
+	s.ts_ns = now;
+	s.tgid = tgid;
+	s.reason = reason;
+	if (capture) {
+		u32 weight = sample(tid, now);
+		if (weight) {
+			s.weight = weight;
+			s.user_stack = capture_stack(ctx, BPF_F_USER_STACK);
+			s.kernel_stack = capture_stack(ctx, 0);
+			stat_add(OFFCPU_STAT_CAPTURES, 1);
+		}
+	}
+	if (start.update(&tid, &s) != 0)
+		stat_add(OFFCPU_STAT_START_DROPPED, 1);
+}
+
+/* The last switch-out of a thread that exited (do_task_dead()): it never runs again, so nothing
+ * stored for it would ever be consumed, and its tid may be reused by a new thread. Done for every
+ * thread, watched or not: a group leader's exit takes its tgid out of `targets` before this last
+ * switch (sched_process_exit), and a block user space seeded for a thread that was in fact still
+ * on its way to the CPU is ended here at the latest. Thread exits are rare next to switches. */
+static __always_inline void forget_thread(u32 tid)
+{
+	start.delete(&tid);
+	marks.delete(&tid);
+#if STACK_SAMPLING
+	sampler.delete(&tid);
+#endif
+}
+
+/* Thread `tid`, switched out at s->ts_ns, runs again: count the block. In kprobe mode
+ * (capture != 0) current is that thread and its stacks are captured here, after the filters,
+ * and always for a block of at least LONG_BLOCK_NS. */
+static __always_inline void switch_in(void *ctx, struct offcpu_start *s, u32 tid, u64 now,
+				      struct offcpu_control *ctl, int capture)
+{
+	u64 from = s->ts_ns;
+	if (ctl) {
+		if (ctl->cutoff_ns) {
+			if (from >= ctl->cutoff_ns)
+				goto done;
+			if (now > ctl->cutoff_ns)
+				now = ctl->cutoff_ns;
+		}
+		if (ctl->marks_active) {
+			struct offcpu_mark *m = marks.lookup(&tid);
+			if (m && m->start_ns == s->ts_ns) {
+				/* User space counted this block up to until_ns while it lasted. */
+				if (m->until_ns > from)
+					from = m->until_ns;
+				marks.delete(&tid);
+			}
+		}
+	}
+	u64 whole = now > s->ts_ns ? now - s->ts_ns : 0;
+	u64 delta = now > from ? now - from : 0;
+	if (whole < MIN_BLOCK_NS || whole > MAX_BLOCK_NS) {
 		stat_add(OFFCPU_STAT_FILTERED, 1);
-		return;
+		stat_add(OFFCPU_STAT_FILTERED_NS, delta);
+		goto done;
 	}
 
+	u32 weight = s->weight;
 	struct offcpu_key key = {};
 	key.tgid = s->tgid;
 	key.tid = PER_THREAD ? tid : 0;
-	key.user_stack_id = user_stack_id;
-	key.kernel_stack_id = kernel_stack_id;
 	key.reason = s->reason;
+	if (capture) {
+		weight = sample(tid, now);
+		if (whole >= LONG_BLOCK_NS)
+			weight = 1; /* captured with probability 1 */
+		if (weight) {
+			key.user_stack = capture_stack(ctx, BPF_F_USER_STACK);
+			key.kernel_stack = capture_stack(ctx, 0);
+			stat_add(OFFCPU_STAT_CAPTURES, 1);
+		}
+	} else if (weight) {
+		key.user_stack = s->user_stack;
+		key.kernel_stack = s->kernel_stack;
+	}
 
 	struct offcpu_value zero = {};
 	struct offcpu_value *v = counts.lookup_or_try_init(&key, &zero);
-	if (v) {
-		/* Several CPUs can charge the same key at once (per-process aggregation). */
-		__sync_fetch_and_add(&v->count, 1);
-		__sync_fetch_and_add(&v->total_ns, delta);
-	} else {
+	if (!v && weight) {
+		/* Keep the block's exact figures under the thread's stackless key; its weighted part
+		 * there tells user space how much stack-attributed time this cost. */
+		stat_add(OFFCPU_STAT_STACK_KEYS_FOLDED, 1);
+		key.user_stack = 0;
+		key.kernel_stack = 0;
+		v = counts.lookup_or_try_init(&key, &zero);
+	}
+	if (!v) {
 		stat_add(OFFCPU_STAT_COUNTS_DROPPED, 1);
 		stat_add(OFFCPU_STAT_COUNTS_DROPPED_NS, delta);
+		goto done;
 	}
+	/* Several CPUs can charge the same key at once (per-process aggregation). */
+	__sync_fetch_and_add(&v->count, 1);
+	__sync_fetch_and_add(&v->ns, delta);
+	if (weight) {
+		__sync_fetch_and_add(&v->wcount, weight);
+		__sync_fetch_and_add(&v->wns, weight * delta);
+	}
+	stat_add(OFFCPU_STAT_BLOCKS, 1);
 
-	u64 us = delta / 1000;
+	u64 us = whole / 1000;
 	struct offcpu_hist_key hk = {};
 	hk.tgid = s->tgid;
 	hk.slot = us ? bpf_log2l(us) : 0;
@@ -121,21 +305,35 @@ static __always_inline void account(struct offcpu_start *s, u32 tid, u64 now,
 		__sync_fetch_and_add(c, 1);
 	else
 		stat_add(OFFCPU_STAT_HIST_DROPPED, 1);
+done:
+	start.delete(&tid);
 }
 
-static __always_inline void store_start(u32 tid, struct offcpu_start *s)
+static __always_inline struct offcpu_control *control_now(void)
 {
-	if (start.update(&tid, s) != 0)
-		stat_add(OFFCPU_STAT_START_DROPPED, 1);
+	int zero = 0;
+	return control.lookup(&zero);
 }
 
 #ifdef OFFCPU_ATTACH_KPROBE
-/* Raw task state (task_struct::__state since 5.14) to a reason. prev may already have been
- * woken on another CPU by the time finish_task_switch() runs: then it reads as runnable. */
-static __always_inline u32 reason_of_task_state(long state)
+/* Raw task state (task_struct::__state since 5.14) to a reason. prev may already be being woken
+ * on another CPU while this runs: try_to_wake_up() sets TASK_WAKING before it waits for prev to
+ * leave the CPU, and the sleep state is gone. The scheduler recorded at the switch whether that
+ * sleep counted to the load average (uninterruptible, not TASK_NOLOAD):
+ * task_struct::sched_contributes_to_load, a bitfield found through BTF (TASK_LOAD_BIT). */
+static __always_inline u32 reason_of_task_state(struct task_struct *prev, long state)
 {
 	if (state == 0)
 		return OFFCPU_REASON_RUNNABLE;
+	if (state & TASK_WAKING) {
+#ifdef TASK_LOAD_BIT
+		u32 word = 0;
+		bpf_probe_read_kernel(&word, sizeof(word), (void *)prev + (TASK_LOAD_BIT / 32) * 4);
+		if (word & (1u << (TASK_LOAD_BIT % 32)))
+			return OFFCPU_REASON_UNINTERRUPTIBLE;
+#endif
+		return OFFCPU_REASON_SLEEPING;
+	}
 	if (state & TASK_INTERRUPTIBLE)
 		return OFFCPU_REASON_SLEEPING;
 	if ((state & TASK_UNINTERRUPTIBLE) && (state & TASK_NOLOAD))
@@ -148,37 +346,31 @@ static __always_inline u32 reason_of_task_state(long state)
 int offcpu_finish_task_switch(struct pt_regs *ctx, struct task_struct *prev)
 {
 	u64 now = bpf_ktime_get_ns();
+	struct offcpu_control *ctl = control_now();
 	u32 prev_tgid = prev->tgid;
 
-	if (is_target(prev_tgid)) {
-		struct offcpu_start s = {};
-		s.ts_ns = now;
-		s.tgid = prev_tgid;
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(5, 14, 0)
-		s.reason = reason_of_task_state(prev->__state);
+	long state = prev->__state;
 #else
-		s.reason = reason_of_task_state(prev->state);
+	long state = prev->state;
 #endif
-		u32 prev_tid = prev->pid;
-		store_start(prev_tid, &s);
-	}
+	if (state & TASK_DEAD)
+		forget_thread(prev->pid); /* watched or not: see forget_thread() */
+	else if (is_target(prev_tgid))
+		switch_out(ctx, prev->pid, prev_tgid, reason_of_task_state(prev, state), now, ctl, 0);
 
 	u32 tid = bpf_get_current_pid_tgid();
 	struct offcpu_start *s = start.lookup(&tid);
-	if (!s)
-		return OFFCPU_KEEP_EVENT;
-	/* Switched back in: the stacks here are the ones it blocked in. */
-	int user_stack_id = stack_id(ctx, BPF_F_USER_STACK);
-	int kernel_stack_id = stack_id(ctx, 0);
-	account(s, tid, now, user_stack_id, kernel_stack_id);
-	start.delete(&tid);
+	if (s)
+		switch_in(ctx, s, tid, now, ctl, 1); /* the stacks here are the ones it blocked in */
 	return OFFCPU_KEEP_EVENT;
 }
 #endif
 
 #ifdef OFFCPU_ATTACH_TRACEPOINT
-/* prev_state as the tracepoint reports it (__trace_sched_switch_state): TASK_REPORT_MAX when
- * preempted, else one bit per state (1 interruptible, 2 uninterruptible, 0x80 idle, ...). */
+/* prev_state as the tracepoint reports it (__trace_sched_switch_state): TASK_REPORT_MAX (0x100)
+ * when preempted, else one bit per state (1 interruptible, 2 uninterruptible, 0x10 EXIT_DEAD,
+ * 0x20 EXIT_ZOMBIE, 0x80 idle, ...). */
 static __always_inline u32 reason_of_tracepoint_state(long state)
 {
 	if ((state & 0xff) == 0)
@@ -195,25 +387,20 @@ static __always_inline u32 reason_of_tracepoint_state(long state)
 TRACEPOINT_PROBE(sched, sched_switch)
 {
 	u64 now = bpf_ktime_get_ns();
+	struct offcpu_control *ctl = control_now();
 	u64 id = bpf_get_current_pid_tgid(); /* current is still prev here */
 	u32 tgid = id >> 32;
 
-	if (is_target(tgid)) {
-		struct offcpu_start s = {};
-		s.ts_ns = now;
-		s.tgid = tgid;
-		s.reason = reason_of_tracepoint_state(args->prev_state);
-		s.user_stack_id = stack_id(args, BPF_F_USER_STACK);
-		s.kernel_stack_id = stack_id(args, 0);
-		store_start((u32)id, &s);
-	}
+	long state = args->prev_state;
+	if ((state & 0xff) && (state & 0x30)) /* exit_state reported: the task is dead */
+		forget_thread((u32)id);
+	else if (is_target(tgid))
+		switch_out(args, (u32)id, tgid, reason_of_tracepoint_state(state), now, ctl, 1);
 
 	u32 next = args->next_pid;
 	struct offcpu_start *s = start.lookup(&next);
-	if (!s)
-		return OFFCPU_KEEP_EVENT;
-	account(s, next, now, s->user_stack_id, s->kernel_stack_id);
-	start.delete(&next);
+	if (s)
+		switch_in(args, s, next, now, ctl, 0);
 	return OFFCPU_KEEP_EVENT;
 }
 #endif
@@ -245,6 +432,7 @@ TRACEPOINT_PROBE(task, task_newtask)
 #ifdef OFFCPU_ATTACH_RAW_TRACEPOINT
 /* TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int
  * prev_state): prev_state is the raw task state (since 5.18), preempt says it was preempted. */
+#define RAW_TASK_DEAD 0x0080
 static __always_inline u32 reason_of_raw_state(u64 preempt, u64 state)
 {
 	if (preempt || (state & 0xff) == 0)
@@ -261,39 +449,33 @@ static __always_inline u32 reason_of_raw_state(u64 preempt, u64 state)
 RAW_TRACEPOINT_PROBE(sched_switch)
 {
 	u64 now = bpf_ktime_get_ns();
+	struct offcpu_control *ctl = control_now();
 	u64 id = bpf_get_current_pid_tgid(); /* current is still prev here */
 	u32 tgid = id >> 32;
 
-	if (is_target(tgid)) {
-		struct offcpu_start s = {};
-		s.ts_ns = now;
-		s.tgid = tgid;
-		s.reason = reason_of_raw_state(ctx->args[0], ctx->args[3]);
-		s.user_stack_id = stack_id(ctx, BPF_F_USER_STACK);
-		s.kernel_stack_id = stack_id(ctx, 0);
-		store_start((u32)id, &s);
-	}
+	u64 preempt = ctx->args[0], state = ctx->args[3];
+	if (!preempt && (state & RAW_TASK_DEAD)) /* do_task_dead(): its last switch */
+		forget_thread((u32)id);
+	else if (is_target(tgid))
+		switch_out(ctx, (u32)id, tgid, reason_of_raw_state(preempt, state), now, ctl, 1);
 
 	u32 next = 0;
 	bpf_probe_read_kernel(&next, sizeof(next), (void *)ctx->args[2] + TASK_PID_OFFSET);
 	struct offcpu_start *s = start.lookup(&next);
-	if (!s)
-		return OFFCPU_KEEP_EVENT; /* ignored for raw tracepoints; kept alike */
-	account(s, next, now, s->user_stack_id, s->kernel_stack_id);
-	start.delete(&next);
-	return OFFCPU_KEEP_EVENT;
+	if (s)
+		switch_in(ctx, s, next, now, ctl, 0);
+	return OFFCPU_KEEP_EVENT; /* ignored for raw tracepoints; kept alike */
 }
 #endif
 
-/* An exiting thread never switches in again: drop its pending switch-out. When the group leader
- * exits, stop watching the tgid at once, so that a new process reusing the PID is not counted
- * as the old one before user space decides whether it is a target. */
+/* When the group leader exits, stop watching the tgid at once, so that a new process reusing the
+ * PID is not counted as the old one before user space decides whether it is a target. (Threads'
+ * own entries go at their last switch-out: sched_process_exit runs before it.) */
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tid = id;
 	u32 tgid = id >> 32;
-	start.delete(&tid);
 	if (tid == tgid)
 		targets.delete(&tgid);
 	return OFFCPU_KEEP_EVENT;

@@ -1,6 +1,6 @@
-/* Key/value layouts and constants shared by offcpu_exporter/bpf/offcpu.bpf.c and offcpu_exporter/probe/layout.py.
- * Only fixed-width types; offcpu_exporter/probe/layout.py mirrors every struct and
- * tests/unit/test_layout.py checks both sides agree (sizes and offsets). */
+/* Key/value layouts and constants shared by offcpu.bpf.c and offcpu_exporter/probe/layout.py.
+ * Only fixed-width types; layout.py mirrors every struct and tests/unit/test_layout.py checks both
+ * sides agree (sizes and offsets). */
 #ifndef OFFCPU_H
 #define OFFCPU_H
 
@@ -8,45 +8,102 @@
 #define OFFCPU_REASON_RUNNABLE        0 /* preempted, still wanted the CPU */
 #define OFFCPU_REASON_SLEEPING        1 /* TASK_INTERRUPTIBLE (and TASK_IDLE) */
 #define OFFCPU_REASON_UNINTERRUPTIBLE 2 /* TASK_UNINTERRUPTIBLE: I/O, D state */
-#define OFFCPU_REASON_OTHER           3 /* stopped, traced, parked, dead */
+#define OFFCPU_REASON_OTHER           3 /* stopped, traced, parked */
 
 /* Indices of the per-CPU `stats` array. */
-#define OFFCPU_STAT_COUNTS_DROPPED    0 /* switches not stored: `counts` full */
-#define OFFCPU_STAT_COUNTS_DROPPED_NS 1 /* their off-CPU nanoseconds */
-#define OFFCPU_STAT_START_DROPPED     2 /* switch-outs not stored: `start` full */
-#define OFFCPU_STAT_HIST_DROPPED      3 /* blocks not stored: `hist` full */
-#define OFFCPU_STAT_FILTERED          4 /* blocks outside --min-block/--max-block */
-#define OFFCPU_STAT_STACKS_SPILLED    5 /* stack captures stored in `stack_spill` (collided) */
-#define OFFCPU_STAT_MAX               6
+#define OFFCPU_STAT_COUNTS_DROPPED    0  /* blocks not stored at all: `counts` full */
+#define OFFCPU_STAT_COUNTS_DROPPED_NS 1  /* their off-CPU nanoseconds */
+#define OFFCPU_STAT_START_DROPPED     2  /* switch-outs not stored: `start` full */
+#define OFFCPU_STAT_HIST_DROPPED      3  /* blocks not in the histogram: `hist` full */
+#define OFFCPU_STAT_FILTERED          4  /* blocks outside --min-block/--max-block */
+#define OFFCPU_STAT_FILTERED_NS       5  /* their off-CPU nanoseconds */
+#define OFFCPU_STAT_STACKS_DROPPED    6  /* stack captures not stored: `stacks` full */
+#define OFFCPU_STAT_STACK_KEYS_FOLDED 7  /* captured blocks whose per-stack counter could not be
+                                          * created: counted under the thread's stackless key */
+#define OFFCPU_STAT_BLOCKS            8  /* blocks counted (switch-ins of watched threads) */
+#define OFFCPU_STAT_CAPTURES          9  /* blocks whose stacks were captured */
+#define OFFCPU_STAT_MAX               10
 
 /* Block-duration histogram: slot 0 is < 1 us, slot i (1..25) is [2^(i-1), 2^i) us,
  * slot 26 everything from 2^25 us (~33.5 s) on. */
 #define OFFCPU_HIST_SLOTS 27
 
+/* Stack ids are 64-bit hashes of the frames (content-addressed: an id always means the same
+ * frames, so user space may cache by id and free ids without a race). Ids below
+ * OFFCPU_STACK_RESERVED are not hashes: */
+#define OFFCPU_STACK_NOT_CAPTURED 0    /* the block's stacks were not sampled */
+#define OFFCPU_STACK_EMPTY        1    /* no frames (a kernel thread's user half) */
+#define OFFCPU_STACK_SEEDED       2    /* blocked before it was watched: user space seeded it */
+#define OFFCPU_STACK_ERRNO_BASE   1024 /* + errno of a capture that failed (EFAULT, ENOMEM: full) */
+#define OFFCPU_STACK_RESERVED     4096
+#define OFFCPU_MAX_DEPTH          127  /* PERF_MAX_STACK_DEPTH */
+
 struct offcpu_key {
 	__u32 tgid;
 	__u32 tid;             /* 0 when aggregating per process */
-	__s32 user_stack_id;   /* negative: -errno of bpf_get_stackid (lost stack); from
-	                        * STACK_SPILL_BASE on: an id in `stack_spill` plus that base */
-	__s32 kernel_stack_id;
 	__u32 reason;          /* OFFCPU_REASON_* */
+	__u32 pad;
+	__u64 user_stack;      /* a stack id (see OFFCPU_STACK_*) */
+	__u64 kernel_stack;
 };
 
+/* Every block adds to `count`/`ns` of exactly one key (exact figures). A block whose stacks were
+ * captured with probability 1/w also adds w and w * ns to `wcount`/`wns` (the sampled estimate of
+ * the stack; w is 1 without sampling). On a stackless key, `wcount`/`wns` hold captured blocks
+ * whose own key could not be created. */
 struct offcpu_value {
-	__u64 count;    /* switches (the reference's Times) */
-	__u64 total_ns; /* off-CPU nanoseconds (the reference's Deltas) */
+	__u64 count;
+	__u64 ns;
+	__u64 wcount;
+	__u64 wns;
 };
 
 /* A thread that was switched out and has not run since. */
 struct offcpu_start {
 	__u64 ts_ns;
+	__u64 user_stack;      /* captured at switch-out in tracepoint mode, else NOT_CAPTURED */
+	__u64 kernel_stack;
 	__u32 tgid;
 	__u32 reason;
-	__s32 user_stack_id;   /* captured at switch-out in tracepoint mode */
-	__s32 kernel_stack_id;
+	__u32 weight;          /* 1/probability of the capture; 0 when not captured */
+	__u32 pad;
 };
 
-/* A process forked by a watched one while --follow-children is on. User space reads it to name
+/* Written by user space for a thread that is still off CPU at a flush: the block's time up to
+ * `until_ns` is already counted, so its switch-in counts from there. Applies only to the block
+ * that started at `start_ns`. */
+struct offcpu_mark {
+	__u64 start_ns;
+	__u64 until_ns;
+};
+
+/* Written by user space (one element). */
+struct offcpu_control {
+	__u64 cutoff_ns;       /* non-zero: nothing is counted after this time (a window's end) */
+	__u32 marks_active;    /* the `marks` map may hold entries: look them up at switch-in */
+	__u32 pad;
+};
+
+struct offcpu_stack {
+	__u64 ips[OFFCPU_MAX_DEPTH];
+};
+
+/* Stack-capture sampling state of one thread: its switch-outs in the current window, and the
+ * sampling shift (captures 1 in 2^shift) computed from the previous window. */
+struct offcpu_sampler {
+	__u64 window_start_ns;
+	__u32 switches;
+	__u32 shift;
+};
+
+/* The same per CPU, over the captures made there: a cap on the whole CPU's capture rate. */
+struct offcpu_cpu_sampler {
+	__u64 window_start_ns;
+	__u32 captures;
+	__u32 shift;
+};
+
+/* A process forked by a watched process while --follow-children is on. User space reads it to name
  * children that exited before it saw them in /proc (same address space as the parent until exec). */
 struct offcpu_child {
 	__u64 fork_boot_ns; /* bpf_ktime_get_boot_ns() at fork: the child's start time */

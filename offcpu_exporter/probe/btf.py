@@ -12,7 +12,7 @@ import struct
 from array import array
 from collections.abc import Iterable, Iterator
 
-__all__ = ["BtfError", "struct_member_offsets"]
+__all__ = ["BtfError", "struct_member_bit_offsets", "struct_member_offsets"]
 
 _MAGIC = 0xEB9F
 _KIND_STRUCT, _KIND_UNION = 4, 5
@@ -77,6 +77,13 @@ def struct_member_offsets(
 ) -> dict[str, int]:
     """Byte offsets of `members` of `struct struct_name`, looking through anonymous structs and
     unions (task_struct keeps its randomizable fields in one). Missing members are left out."""
+    return {name: bits // 8 for name, bits in struct_member_bit_offsets(struct_name, members, path).items()}
+
+
+def struct_member_bit_offsets(
+    struct_name: str, members: Iterable[str], path: str = "/sys/kernel/btf/vmlinux"
+) -> dict[str, int]:
+    """Bit offsets of `members` of `struct struct_name` (bitfields have no byte offset of their own)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -95,7 +102,7 @@ def struct_member_offsets(
             if m_name:
                 name = btf.name(m_name)
                 if name in wanted and name not in found:
-                    found[name] = (base_bits + bit_offset) // 8
+                    found[name] = base_bits + bit_offset
             elif btf.kind(m_type) in (_KIND_STRUCT, _KIND_UNION):
                 pending.append((m_type, base_bits + bit_offset))
     return found

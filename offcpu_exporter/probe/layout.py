@@ -1,4 +1,4 @@
-"""The Python mirror of offcpu_exporter/bpf/offcpu.h: map names, struct layouts and constants.
+"""The Python mirror of bpf/offcpu.h: map names, struct layouts and constants.
 
 tests/unit/test_layout.py compiles the header with the C compiler and checks every size and offset
 against these ctypes structures.
@@ -13,24 +13,38 @@ BPF_DIR = Path(__file__).resolve().parents[1] / "bpf"
 SOURCE = "offcpu.bpf.c"
 HEADER = "offcpu.h"
 
-# Map names as declared in offcpu_exporter/bpf/offcpu.bpf.c.
+# Map names as declared in bpf/offcpu.bpf.c.
 MAP_TARGETS = "targets"
+MAP_CHILDREN = "children"
 MAP_START = "start"
+MAP_MARKS = "marks"
 MAP_COUNTS = "counts"
 MAP_HIST = "hist"
-MAP_STACKS = "stack_traces"
-MAP_STACK_SPILL = "stack_spill"  # stacks that collided in MAP_STACKS
+MAP_STACKS = "stacks"
+MAP_CONTROL = "control"
 MAP_STATS = "stats"
+MAP_SAMPLER = "sampler"
 
 STAT_COUNTS_DROPPED = 0
 STAT_COUNTS_DROPPED_NS = 1
 STAT_START_DROPPED = 2
 STAT_HIST_DROPPED = 3
 STAT_FILTERED = 4
-STAT_STACKS_SPILLED = 5
-STAT_MAX = 6
+STAT_FILTERED_NS = 5
+STAT_STACKS_DROPPED = 6
+STAT_STACK_KEYS_FOLDED = 7
+STAT_BLOCKS = 8
+STAT_CAPTURES = 9
+STAT_MAX = 10
 
 HIST_SLOTS = 27
+
+STACK_NOT_CAPTURED = 0
+STACK_EMPTY = 1
+STACK_SEEDED = 2
+STACK_ERRNO_BASE = 1024
+STACK_RESERVED = 4096
+MAX_DEPTH = 127
 
 TARGET_WATCH = 1
 TARGET_EXCLUDE = 2
@@ -40,24 +54,52 @@ class OffcpuKey(ctypes.Structure):
     _fields_ = (
         ("tgid", ctypes.c_uint32),
         ("tid", ctypes.c_uint32),
-        ("user_stack_id", ctypes.c_int32),
-        ("kernel_stack_id", ctypes.c_int32),
         ("reason", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("user_stack", ctypes.c_uint64),
+        ("kernel_stack", ctypes.c_uint64),
     )
 
 
 class OffcpuValue(ctypes.Structure):
-    _fields_ = (("count", ctypes.c_uint64), ("total_ns", ctypes.c_uint64))
+    _fields_ = (
+        ("count", ctypes.c_uint64),
+        ("ns", ctypes.c_uint64),
+        ("wcount", ctypes.c_uint64),
+        ("wns", ctypes.c_uint64),
+    )
 
 
 class OffcpuStart(ctypes.Structure):
     _fields_ = (
         ("ts_ns", ctypes.c_uint64),
+        ("user_stack", ctypes.c_uint64),
+        ("kernel_stack", ctypes.c_uint64),
         ("tgid", ctypes.c_uint32),
         ("reason", ctypes.c_uint32),
-        ("user_stack_id", ctypes.c_int32),
-        ("kernel_stack_id", ctypes.c_int32),
+        ("weight", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
     )
+
+
+class OffcpuMark(ctypes.Structure):
+    _fields_ = (("start_ns", ctypes.c_uint64), ("until_ns", ctypes.c_uint64))
+
+
+class OffcpuControl(ctypes.Structure):
+    _fields_ = (("cutoff_ns", ctypes.c_uint64), ("marks_active", ctypes.c_uint32), ("pad", ctypes.c_uint32))
+
+
+class OffcpuStack(ctypes.Structure):
+    _fields_ = (("ips", ctypes.c_uint64 * MAX_DEPTH),)
+
+
+class OffcpuSampler(ctypes.Structure):
+    _fields_ = (("window_start_ns", ctypes.c_uint64), ("switches", ctypes.c_uint32), ("shift", ctypes.c_uint32))
+
+
+class OffcpuCpuSampler(ctypes.Structure):
+    _fields_ = (("window_start_ns", ctypes.c_uint64), ("captures", ctypes.c_uint32), ("shift", ctypes.c_uint32))
 
 
 class OffcpuHistKey(ctypes.Structure):
@@ -78,5 +120,10 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "offcpu_key": OffcpuKey,
     "offcpu_value": OffcpuValue,
     "offcpu_start": OffcpuStart,
+    "offcpu_mark": OffcpuMark,
+    "offcpu_control": OffcpuControl,
+    "offcpu_stack": OffcpuStack,
+    "offcpu_sampler": OffcpuSampler,
+    "offcpu_cpu_sampler": OffcpuCpuSampler,
     "offcpu_hist_key": OffcpuHistKey,
 }

@@ -1,4 +1,4 @@
-"""Compiles offcpu_exporter/bpf/offcpu.bpf.c with bcc, attaches it, and is the only reader of its maps."""
+"""Compiles bpf/offcpu.bpf.c with bcc, attaches it, and is the only reader and writer of its maps."""
 
 from __future__ import annotations
 
@@ -7,25 +7,57 @@ import ctypes
 import errno
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.btf import BtfError, struct_member_offsets
+from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets
 from offcpu_exporter.probe.compiler_memory import release_compiler_memory
 from offcpu_exporter.probe.kernel import KernelFacts, finish_task_switch_symbols, probe_kernel
 
-__all__ = ["Probe", "ProbeConfig", "ProbeError", "RawKey"]
+__all__ = ["CounterKey", "CounterValue", "Probe", "ProbeConfig", "ProbeError", "StartEntry"]
 
 log = logging.getLogger(__name__)
 
-# (tgid, tid, user_stack_id, kernel_stack_id, reason): a kernel counter key as a hashable tuple.
-RawKey = tuple[int, int, int, int, int]
-
 ATTACH_MODES = ("auto", "kprobe", "tracepoint")
 _U64_MAX = (1 << 64) - 1
-_S32_MAX = (1 << 31) - 1
+_BPF_NOEXIST = 1
+_SYS_BPF = 321  # x86-64
+_BPF_ENABLE_STATS = 32
+_BPF_STATS_RUN_TIME = 0
+_ENOTSUPP = 524  # the kernel-internal "operation not supported" some map types return
+
+
+class CounterKey(NamedTuple):
+    """A key of the kernel's `counts` map (a NamedTuple: hashed in C, it is a dict key per flush)."""
+
+    tgid: int
+    tid: int  # 0 when aggregating per process
+    reason: int
+    user_stack: int  # a stack id: layout.STACK_* below layout.STACK_RESERVED, else a hash
+    kernel_stack: int
+
+
+class CounterValue(NamedTuple):
+    """Cumulative: every block's count and ns; the sampled (weighted) estimate of the key's stack."""
+
+    blocks: int
+    ns: int
+    weighted_blocks: int
+    weighted_ns: int
+
+
+class StartEntry(NamedTuple):
+    """A thread off CPU now: since when, why, and its stacks when they were captured."""
+
+    ts_ns: int
+    tgid: int
+    reason: int
+    user_stack: int
+    kernel_stack: int
+    weight: int
 
 
 class ProbeError(Exception):
@@ -44,26 +76,24 @@ class ProbeConfig:
     max_threads: int = 65536
     max_counts: int = 65536
     stack_storage: int = 16384
-    stack_spill: int = 0  # entries of the map collided stacks go to; 0: a quarter of stack_storage
     max_hist: int = 16384
     raw_tracepoint: bool | None = None  # tracepoint mode: raw when BTF allows (None), always, never
+    # Stack captures: all of them (False), or a sample bounded per thread and per CPU (True).
+    stack_sampling: bool = True
+    stack_budget_thread: int = 1000  # captures per second per thread: threads that block less often have all
+    stack_budget_cpu: int = 5000  # captures per second per CPU
+    long_block_ns: int = 1_000_000  # kprobe mode: blocks at least this long always have their stacks
+    sample_window_ns: int = 100_000_000
+    run_time_stats: bool = False  # have the kernel time the programs (BPF_ENABLE_STATS)
 
     @property
-    def stack_spill_entries(self) -> int:
-        return self.stack_spill or max(1, self.stack_storage // 4)
-
-    @property
-    def stack_spill_base(self) -> int:
-        """The first id of the spill map's stacks: the main map's bucket count (the kernel rounds
-        its entries up to a power of two and ids are bucket indices)."""
-        return 1 << (self.stack_storage - 1).bit_length()
-
-    def stack_slot(self, stack_id: int) -> tuple[str, int]:
-        """The map that holds a stack id and its index there: the spill map's ids are offset."""
-        base = self.stack_spill_base
-        return (layout.MAP_STACK_SPILL, stack_id - base) if stack_id >= base else (layout.MAP_STACKS, stack_id)
+    def in_progress_credit(self) -> bool:
+        """Whether blocks still going on at a flush are counted up to it. Not with --max-block: a
+        block's length, and so whether it counts at all, is known only when it ends."""
+        return self.max_block_ns == _U64_MAX
 
     def cflags(self, mode: str, extra: Sequence[str] = ()) -> list[str]:
+        windows_per_second = 1e9 / self.sample_window_ns
         return [
             f"-I{layout.BPF_DIR}",
             f"-DOFFCPU_ATTACH_{mode.upper()}",
@@ -77,9 +107,12 @@ class ProbeConfig:
             f"-DMAX_THREADS={self.max_threads}",
             f"-DMAX_COUNTS={self.max_counts}",
             f"-DSTACK_STORAGE={self.stack_storage}",
-            f"-DSTACK_SPILL={self.stack_spill_entries}",
-            f"-DSTACK_SPILL_BASE={self.stack_spill_base}",
             f"-DMAX_HIST={self.max_hist}",
+            f"-DSTACK_SAMPLING={int(self.stack_sampling)}",
+            f"-DSAMPLE_WINDOW_NS={self.sample_window_ns}ULL",
+            f"-DTHREAD_BUDGET={max(1, round(self.stack_budget_thread / windows_per_second))}",
+            f"-DCPU_BUDGET={max(1, round(self.stack_budget_cpu / windows_per_second))}",
+            f"-DLONG_BLOCK_NS={self.long_block_ns}ULL",
             # bcc's Debian build warns about these in kernel headers it does not own.
             "-Wno-macro-redefined",
             "-Wno-unknown-warning-option",
@@ -97,21 +130,35 @@ def _import_bcc():  # type: ignore[no-untyped-def]
     return bcc
 
 
+def _copy(kind: Any, item: Any) -> Any:
+    """An element of a ctypes array, detached from the array (whose buffer is reused)."""
+    return kind.from_buffer_copy(item) if isinstance(item, ctypes.Structure) else kind(item)
+
+
+def ktime_ns() -> int:
+    """The clock of bpf_ktime_get_ns(): CLOCK_MONOTONIC."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
 class Probe:
     """The loaded BPF program. Not thread-safe: one owner (the pipeline) calls it."""
 
     def __init__(self, config: ProbeConfig, facts: KernelFacts | None = None) -> None:
         if config.attach not in ATTACH_MODES:
             raise ProbeError(f"unknown attach mode {config.attach!r}; use one of {', '.join(ATTACH_MODES)}")
-        if config.stack_spill_base + config.stack_spill_entries > _S32_MAX:
-            raise ProbeError(f"stack storage size {config.stack_storage} is too large: stack ids are 32-bit")
         self.config = config
         self.facts = facts or probe_kernel()
         self.mode = ""
         self.why = ""
         self.hooked: tuple[str, ...] = ()
+        # When counting began, on the wall clock and on the probe's clock (CLOCK_MONOTONIC).
+        self.attached_wall_ns = 0
+        self.attached_ktime_ns = 0
         self._bpf = None
-        self._lookup_and_delete = None
+        self._lib: Any = None
+        self._stats_fd = -1
+        self._cutoff_ns = 0
+        self._marks_active = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -146,6 +193,8 @@ class Probe:
                 variant, extra = "raw_tracepoint", [f"-DTASK_PID_OFFSET={pid_offset}"]
             elif self.config.raw_tracepoint:
                 raise ProbeError("raw tracepoint asked for, but task_struct.pid is not in /sys/kernel/btf/vmlinux")
+        if mode == "kprobe":
+            extra = self._task_load_bit()
         source = (layout.BPF_DIR / layout.SOURCE).read_text()
         try:
             self._bpf = bcc.BPF(text=source.encode(), cflags=self.config.cflags(variant, extra))
@@ -153,27 +202,46 @@ class Probe:
             raise ProbeError(f"the BPF program failed to compile or load: {e}") from e
         released = release_compiler_memory()
         log.debug("compiler memory released: %d MB of code advised out", released >> 20)
+        self._lib = bcc.libbcc.lib
         self.mode = mode
+        self.attached_wall_ns, self.attached_ktime_ns = time.time_ns(), ktime_ns()
         if mode == "kprobe":
             self._attach_kprobes()
         elif variant == "raw_tracepoint":
             self.hooked = ("raw_tp:sched_switch",)
         else:
             self.hooked = ("sched:sched_switch",)
-        lib = bcc.libbcc.lib
-        self._lookup_and_delete = getattr(lib, "bpf_lookup_and_delete", None)
+        if self.config.run_time_stats:
+            self.enable_run_time_stats()
         log.info("probe attached: mode=%s (%s), hooked=%s", self.mode, self.why, ",".join(self.hooked))
+
+    def _kernel_version(self) -> tuple[int, int]:
+        major, minor = (int(x) for x in self.facts.release.split(".")[:2])
+        return major, minor
 
     def _task_pid_offset(self) -> int | None:
         # The 4-argument raw sched_switch (with prev_state) exists since 5.18.
-        major, minor = (int(x) for x in self.facts.release.split(".")[:2])
-        if not self.facts.btf or (major, minor) < (5, 18):
+        if not self.facts.btf or self._kernel_version() < (5, 18):
             return None
         try:
-            return struct_member_offsets("task_struct", ["pid"]).get("pid")
+            bits = struct_member_bit_offsets("task_struct", ["pid"]).get("pid")
         except BtfError as e:
             log.warning("BTF unreadable (%s): using the perf-event tracepoint", e)
             return None
+        return None if bits is None else bits // 8
+
+    def _task_load_bit(self) -> list[str]:
+        """Where task_struct::sched_contributes_to_load is: the reason of a task that is being woken
+        while it switches out (see reason_of_task_state() in the BPF program)."""
+        if not self.facts.btf:
+            return []
+        try:
+            bit = struct_member_bit_offsets("task_struct", ["sched_contributes_to_load"]).get(
+                "sched_contributes_to_load")
+        except BtfError as e:
+            log.warning("BTF unreadable (%s): blocks woken during their switch count as sleeping", e)
+            return []
+        return [] if bit is None else [f"-DTASK_LOAD_BIT={bit}"]
 
     def _attach_kprobes(self) -> None:
         symbols = finish_task_switch_symbols()
@@ -197,6 +265,9 @@ class Probe:
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None
+        if self._stats_fd >= 0:
+            os.close(self._stats_fd)
+            self._stats_fd = -1
 
     @property
     def attached(self) -> bool:
@@ -205,6 +276,39 @@ class Probe:
     def _table(self, name: str):  # type: ignore[no-untyped-def]
         assert self._bpf is not None, "probe not started"
         return self._bpf[name.encode()]
+
+    def _lookup_batch(self, name: str) -> list[tuple[Any, Any]]:
+        """Every (key, value) of a hash map in a few BPF_MAP_LOOKUP_BATCH calls. Walking a hash
+        map with get_next_key while the kernel deletes entries restarts from the first bucket when
+        the current key is gone (htab_map_get_next_key()): entries are skipped or read twice.
+        The batch walk resumes from a bucket index instead. (bcc's items_lookup_batch passes one
+        variable as both the resume token and the count.)"""
+        table = self._table(name)
+        lib = self._lib
+        size = max(64, min(table.max_entries, 4096))
+        keys = (table.Key * size)()
+        values = (table.Leaf * size)()
+        out: list[tuple[Any, Any]] = []
+        token_in, token_out, count = ctypes.c_uint32(0), ctypes.c_uint32(0), ctypes.c_uint32(0)
+        first = True
+        while True:
+            count.value = size
+            rc = lib.bpf_lookup_batch(table.map_fd, None if first else ctypes.byref(token_in),
+                                      ctypes.byref(token_out), ctypes.byref(keys), ctypes.byref(values),
+                                      ctypes.byref(count))
+            err = ctypes.get_errno()
+            out.extend((_copy(table.Key, keys[i]), _copy(table.Leaf, values[i])) for i in range(count.value))
+            if rc != 0:
+                if err == errno.ENOENT:
+                    return out  # the end of the map
+                if err == errno.ENOSPC and count.value == 0:
+                    # One bucket holds more entries than the buffer: a bigger one.
+                    size *= 4
+                    keys, values = (table.Key * size)(), (table.Leaf * size)()
+                    continue
+                raise OSError(err, f"BPF_MAP_LOOKUP_BATCH on {name}: {os.strerror(err)}")
+            token_in.value = token_out.value
+            first = False
 
     # -- targets ---------------------------------------------------------------------------
 
@@ -224,99 +328,166 @@ class Probe:
         """Followed children: tgid -> (parent tgid, fork boot ns, comm)."""
         return {
             k.value: (v.parent_tgid, v.fork_boot_ns, bytes(v.comm).split(b"\0", 1)[0].decode(errors="replace"))
-            for k, v in self._table("children").items()
+            for k, v in self._table(layout.MAP_CHILDREN).items()
         }
 
     def forget_child(self, tgid: int) -> None:
-        table = self._table("children")
+        table = self._table(layout.MAP_CHILDREN)
         with contextlib.suppress(KeyError):
             del table[table.Key(tgid)]
 
     # -- counters --------------------------------------------------------------------------
 
-    def read_counts(self) -> Iterator[tuple[RawKey, int, int]]:
-        table = self._table(layout.MAP_COUNTS)
-        try:
-            items: Iterable = table.items_lookup_batch()
-            for k, v in items:
-                yield (k.tgid, k.tid, k.user_stack_id, k.kernel_stack_id, k.reason), v.count, v.total_ns
-        except Exception as e:  # kernels without BPF_MAP_LOOKUP_BATCH: one key at a time
-            if "BATCH" not in str(e) and not isinstance(e, OSError):
-                raise
-            for k, v in table.items():
-                yield (k.tgid, k.tid, k.user_stack_id, k.kernel_stack_id, k.reason), v.count, v.total_ns
+    def read_counts(self) -> list[tuple[CounterKey, CounterValue]]:
+        return [(CounterKey(k.tgid, k.tid, k.reason, k.user_stack, k.kernel_stack),
+                 CounterValue(v.count, v.ns, v.wcount, v.wns))
+                for k, v in self._lookup_batch(layout.MAP_COUNTS)]
 
-    def take_counts(self, keys: Iterable[RawKey]) -> dict[RawKey, tuple[int, int]]:
+    def take_counts(self, keys: Iterable[CounterKey]) -> dict[CounterKey, CounterValue]:
         """Delete these counters and return their values at the moment of deletion, so that an
         increment between the last read and the delete is not lost."""
         table = self._table(layout.MAP_COUNTS)
-        out: dict[RawKey, tuple[int, int]] = {}
+        out: dict[CounterKey, CounterValue] = {}
         value = layout.OffcpuValue()
         for raw in keys:
-            key = layout.OffcpuKey(*raw)
-            if self._lookup_and_delete is not None:
-                rc = self._lookup_and_delete(table.map_fd, ctypes.byref(key), ctypes.byref(value))
-                if rc == 0:
-                    out[raw] = (value.count, value.total_ns)
-                    continue
-                if ctypes.get_errno() == errno.ENOENT or rc == -errno.ENOENT:
-                    continue
-            try:
-                leaf = table[key]
-                out[raw] = (leaf.count, leaf.total_ns)
-                del table[key]
-            except KeyError:
-                pass
+            key = layout.OffcpuKey(raw.tgid, raw.tid, raw.reason, 0, raw.user_stack, raw.kernel_stack)
+            if self._lookup_and_delete(table.map_fd, key, value):
+                out[raw] = CounterValue(value.count, value.ns, value.wcount, value.wns)
         return out
 
-    def _stack_slot(self, stack_id: int) -> tuple[Any, Any]:
-        name, index = self.config.stack_slot(stack_id)
-        table = self._table(name)
-        return table, table.Key(index)
+    def _lookup_and_delete(self, fd: int, key: ctypes.Structure | ctypes.c_uint32,
+                           value: ctypes.Structure | ctypes.c_uint64) -> bool:
+        lib = self._lib
+        rc = lib.bpf_lookup_and_delete(fd, ctypes.byref(key), ctypes.byref(value))
+        if rc == 0:
+            return True
+        err = ctypes.get_errno()
+        if err == errno.ENOENT or rc == -errno.ENOENT:
+            return False
+        if err not in (errno.EINVAL, errno.EOPNOTSUPP, _ENOTSUPP):
+            raise OSError(err, f"BPF_MAP_LOOKUP_AND_DELETE_ELEM: {os.strerror(err)}")
+        # Hash maps take it since 5.14; before, an increment between the two calls is lost.
+        if lib.bpf_lookup_elem(fd, ctypes.byref(key), ctypes.byref(value)) != 0:
+            return False
+        lib.bpf_delete_elem(fd, ctypes.byref(key))
+        return True
+
+    # -- stacks ----------------------------------------------------------------------------
 
     def stack(self, stack_id: int) -> tuple[int, ...] | None:
         """The addresses of a stack id, leaf first; None if the id is not in the map."""
-        table, key = self._stack_slot(stack_id)
+        table = self._table(layout.MAP_STACKS)
         try:
-            trace = table[key]
+            trace = table[table.Key(stack_id)]
         except KeyError:
             return None
         out = []
-        for addr in trace.ip:
+        for addr in trace.ips:
             if addr == 0:
                 break
             out.append(addr)
         return tuple(out)
 
-    def delete_stacks(self, stack_ids: Iterable[int]) -> None:
-        for sid in stack_ids:
-            table, key = self._stack_slot(sid)
-            with contextlib.suppress(KeyError):
-                del table[key]
+    def stack_ids(self) -> set[int]:
+        """The ids the stack map holds (keys only: the values are ~1 KiB each). The kernel only
+        adds stacks, user space deletes them: get_next_key sees every key that stays."""
+        return {k.value for k in self._table(layout.MAP_STACKS)}
 
-    def pending_stack_ids(self) -> set[int]:
-        """Stack ids held by threads that are switched out now (tracepoint mode captures them
-        at switch-out): these must not be reclaimed."""
-        out = set()
-        for _, v in self._table(layout.MAP_START).items():
-            out.add(v.user_stack_id)
-            out.add(v.kernel_stack_id)
-        return out
+    def delete_stacks(self, stack_ids: Iterable[int]) -> None:
+        table = self._table(layout.MAP_STACKS)
+        for sid in stack_ids:
+            with contextlib.suppress(KeyError):
+                del table[table.Key(sid)]
+
+    # -- threads off CPU now ---------------------------------------------------------------
+
+    def read_starts(self) -> dict[int, StartEntry]:
+        """tid -> the block it is in now."""
+        return {k.value: StartEntry(v.ts_ns, v.tgid, v.reason, v.user_stack, v.kernel_stack, v.weight)
+                for k, v in self._lookup_batch(layout.MAP_START)}
+
+    def seed_start(self, tid: int, entry: StartEntry) -> bool:
+        """Store a block the probe did not see begin (the thread was off CPU before it was
+        watched), unless the kernel has one for the thread already."""
+        table = self._table(layout.MAP_START)
+        key = ctypes.c_uint32(tid)
+        value = layout.OffcpuStart(entry.ts_ns, entry.user_stack, entry.kernel_stack, entry.tgid, entry.reason,
+                                   entry.weight, 0)
+        return self._lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(value), _BPF_NOEXIST) == 0
+
+    def unseed_start(self, tid: int, ts_ns: int) -> None:
+        """Delete a seeded block if it is still the thread's current one (the thread ran since)."""
+        entry = self.read_start(tid)
+        if entry is not None and entry.ts_ns == ts_ns:
+            table = self._table(layout.MAP_START)
+            with contextlib.suppress(KeyError):
+                del table[table.Key(tid)]
+
+    def read_start(self, tid: int) -> StartEntry | None:
+        table = self._table(layout.MAP_START)
+        try:
+            v = table[table.Key(tid)]
+        except KeyError:
+            return None
+        return StartEntry(v.ts_ns, v.tgid, v.reason, v.user_stack, v.kernel_stack, v.weight)
+
+    def write_marks(self, marks: dict[int, tuple[int, int]]) -> None:
+        """tid -> (start of its block, counted up to): see struct offcpu_mark."""
+        if marks and not self._marks_active:
+            self._marks_active = True
+            self._write_control()
+        table = self._table(layout.MAP_MARKS)
+        for tid, (start_ns, until_ns) in marks.items():
+            table[table.Key(tid)] = layout.OffcpuMark(start_ns, until_ns)
+
+    def read_marks(self) -> dict[int, tuple[int, int]]:
+        return {k.value: (v.start_ns, v.until_ns) for k, v in self._lookup_batch(layout.MAP_MARKS)}
+
+    def delete_marks(self, tids: Iterable[int]) -> None:
+        table = self._table(layout.MAP_MARKS)
+        for tid in tids:
+            with contextlib.suppress(KeyError):
+                del table[table.Key(tid)]
+
+    def set_marks_active(self, active: bool) -> None:
+        if active != self._marks_active:
+            self._marks_active = active
+            self._write_control()
+
+    @property
+    def cutoff_ns(self) -> int:
+        """The end of the window being measured (CLOCK_MONOTONIC), 0 when there is none."""
+        return self._cutoff_ns
+
+    def set_cutoff(self, ktime_ns: int) -> None:
+        """Count nothing after this time (CLOCK_MONOTONIC): the end of a measured window."""
+        self._cutoff_ns = ktime_ns
+        self._write_control()
+
+    def _write_control(self) -> None:
+        table = self._table(layout.MAP_CONTROL)
+        table[table.Key(0)] = layout.OffcpuControl(self._cutoff_ns, int(self._marks_active), 0)
+
+    # -- histogram, statistics, sizes ------------------------------------------------------
 
     def read_hist(self) -> dict[int, list[int]]:
         """tgid -> cumulative block count per duration slot."""
         out: dict[int, list[int]] = {}
-        for k, v in self._table(layout.MAP_HIST).items():
+        for k, v in self._lookup_batch(layout.MAP_HIST):
             slots = out.setdefault(k.tgid, [0] * layout.HIST_SLOTS)
             if 0 <= k.slot < layout.HIST_SLOTS:
                 slots[k.slot] += v.value
         return out
 
-    def delete_hist(self, tgid: int) -> None:
+    def take_hist(self, tgid: int) -> list[int]:
+        """Delete a tgid's histogram and return it as it was at the moment of deletion."""
         table = self._table(layout.MAP_HIST)
+        out = [0] * layout.HIST_SLOTS
+        value = ctypes.c_uint64(0)
         for slot in range(layout.HIST_SLOTS):
-            with contextlib.suppress(KeyError):
-                del table[layout.OffcpuHistKey(tgid, slot)]
+            if self._lookup_and_delete(table.map_fd, layout.OffcpuHistKey(tgid, slot), value):
+                out[slot] = value.value
+        return out
 
     def stats(self) -> list[int]:
         table = self._table(layout.MAP_STATS)
@@ -326,15 +497,50 @@ class Probe:
                 out[k.value] = sum(per_cpu)
         return out
 
-    def map_sizes(self, counts_entries: int) -> dict[str, tuple[int, int]]:
-        """map -> (entries now, capacity). The counts map was just read by the caller; the
-        others are walked (one syscall per entry): call once per flush."""
+    def map_sizes(self, **known: int) -> dict[str, tuple[int, int]]:
+        """map -> (entries now, capacity). Maps the caller has just read pass their sizes in
+        (`counts=`, `start=`, `stacks=`); the others are walked (one system call per entry)."""
         cfg = self.config
-        sizes = {layout.MAP_COUNTS: (counts_entries, cfg.max_counts)}
-        for name, cap in ((layout.MAP_START, cfg.max_threads), (layout.MAP_HIST, cfg.max_hist),
-                          (layout.MAP_TARGETS, cfg.max_targets)):
-            sizes[name] = (len(self._table(name)), cap)
-        return sizes
+        capacity = {layout.MAP_COUNTS: cfg.max_counts, layout.MAP_START: cfg.max_threads,
+                    layout.MAP_HIST: cfg.max_hist, layout.MAP_TARGETS: cfg.max_targets,
+                    layout.MAP_STACKS: cfg.stack_storage}
+        return {name: (known[name] if name in known else len(self._table(name)), cap)
+                for name, cap in capacity.items()}
+
+    # -- the probe's own cost --------------------------------------------------------------
+
+    def enable_run_time_stats(self) -> bool:
+        """Ask the kernel to time every run of BPF programs while this probe lives
+        (BPF_ENABLE_STATS, 5.8+; the same as sysctl kernel.bpf_stats_enabled=1, undone when the
+        exporter exits). Costs two clock reads per run."""
+        if self._stats_fd >= 0:
+            return True
+        libc = ctypes.CDLL(None, use_errno=True)
+        attr = (ctypes.c_uint32 * 4)(_BPF_STATS_RUN_TIME, 0, 0, 0)
+        fd = libc.syscall(_SYS_BPF, _BPF_ENABLE_STATS, ctypes.byref(attr), ctypes.sizeof(attr))
+        if fd < 0:
+            log.warning("BPF run-time statistics unavailable: %s", os.strerror(ctypes.get_errno()))
+            return False
+        self._stats_fd = fd
+        return True
+
+    def run_time(self) -> tuple[int, int]:
+        """(ns spent in the probe's programs, their runs) since they were loaded; zeros while the
+        kernel does not time BPF programs (kernel.bpf_stats_enabled off)."""
+        total_ns = runs = 0
+        assert self._bpf is not None
+        for fn in self._bpf.funcs.values():
+            try:
+                with open(f"/proc/self/fdinfo/{fn.fd}", encoding="ascii") as f:
+                    for line in f:
+                        name, _, value = line.partition(":")
+                        if name == "run_time_ns":
+                            total_ns += int(value)
+                        elif name == "run_cnt":
+                            runs += int(value)
+            except (OSError, ValueError):
+                continue
+        return total_ns, runs
 
 
 def exporter_tgid() -> int:

@@ -85,3 +85,17 @@ def test_min_block_filters_short_blocks_in_the_kernel() -> None:
     from offcpu_exporter.probe import layout
 
     assert stats[layout.STAT_FILTERED] >= 20 - long_calls - 1
+
+
+def test_record_covers_exactly_its_duration(tmp_path: Path) -> None:
+    """Two threads off CPU all along (a sleeper and the main thread joining it), since before the
+    recording began: each shows the duration, never more (the window is [attach, attach + D])."""
+    out = tmp_path / "out.folded"
+    with Workload("sleep", threads=1, iterations=1, interval_ms=120_000) as w:
+        w.go()
+        time.sleep(0.2)
+        rec = _record(["--pid", str(w.pid), "--duration", "3", "--format", "folded", "-o", str(out)])
+        _, err = rec.communicate(timeout=120)
+    assert rec.returncode == 0, err.decode()
+    seconds = sum(parse_folded(out.read_text()).values()) / 1e6
+    assert 2 * 3 * 0.99 <= seconds <= 2 * 3 * (1 + 1e-4), out.read_text()

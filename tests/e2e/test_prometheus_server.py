@@ -90,9 +90,11 @@ def test_prometheus_scrapes_known_rates_and_exact_stack_sums(tmp_path: Path, wor
     )
     assert known == pytest.approx(2.0, rel=0.05)  # the workload did what it says
     assert up == 1.0
-    assert process_rate == pytest.approx(known, rel=0.10)
-    assert stack_rate == pytest.approx(known, rel=0.10)
-    assert sleeping_rate == pytest.approx(known, rel=0.10)
+    # The process: its two sleepers, and its main thread waiting in pthread_join all along the window
+    # (a block in progress, counted while it lasts).
+    assert process_rate == pytest.approx(known + 1, rel=0.05)
+    assert stack_rate == pytest.approx(known, rel=0.05)
+    assert sleeping_rate == pytest.approx(known + 1, rel=0.05)
     # Per-stack series sum to the process total, for every process Prometheus has.
     stacks = {r["metric"]["pid"]: float(r["value"][1]) for r in stack_sum}
     processes = {r["metric"]["pid"]: float(r["value"][1]) for r in process_sum}

@@ -75,15 +75,20 @@ def choose_mode(attach: str) -> str:
     return "kprobe" if kprobes_available() else "tracepoint"
 
 
-# The exporter's own defines (map sizes, stack-id ranges), from its configuration type only: the
-# check loads the source with bcc itself, not through the exporter's loader.
-CONFIG = ProbeConfig(max_targets=1024, max_threads=4096, max_counts=4096, stack_storage=4096, max_hist=4096)
+# The exporter's own defines (map sizes, sampling), from its configuration type only: the check
+# loads the source with bcc itself, not through the exporter's loader. Every block's stacks.
+CONFIG = ProbeConfig(max_targets=1024, max_threads=4096, max_counts=4096, stack_storage=4096, max_hist=4096,
+                     stack_sampling=False)
 
 
 def kernel_frames(bpf: Any, stack_id: int) -> list[bytes]:
-    """A kernel stack's symbols, from the stack map or the spill map (offcpu.bpf.c)."""
-    name, index = CONFIG.stack_slot(stack_id)
-    return [bpf.ksym(addr) for addr in bpf[name.encode()].walk(index)]
+    """A kernel stack's symbols (stack ids are hashes of the frames, keys of the `stacks` map)."""
+    stacks = bpf[layout.MAP_STACKS.encode()]
+    try:
+        trace = stacks[stacks.Key(stack_id)]
+    except KeyError:
+        return []
+    return [bpf.ksym(addr) for addr in trace.ips if addr]
 
 
 def run(mode: str, symbol_regex: str, sleeps: int, sleep_ms: int) -> Result:
@@ -121,13 +126,13 @@ def run(mode: str, symbol_regex: str, sleeps: int, sleep_ms: int) -> Result:
         count = sleeping = 0
         kernel_ns = 0
         for key, value in bpf["counts"].items():
-            if key.tgid != child.pid or key.kernel_stack_id < 0:
+            if key.tgid != child.pid or key.kernel_stack < layout.STACK_RESERVED:
                 continue
-            frames = kernel_frames(bpf, key.kernel_stack_id)
+            frames = kernel_frames(bpf, key.kernel_stack)
             if b"do_nanosleep" not in frames:
                 continue
             count += value.count
-            kernel_ns += value.total_ns
+            kernel_ns += value.ns
             if key.reason == REASON_SLEEPING:
                 sleeping += value.count
         return Result(mode, hooked, compile_s, count, sleeping, kernel_ns, measured_ns)

@@ -17,10 +17,12 @@ DASHBOARD = ROOT / "dashboards" / "offcpu-exporter.json"
 FIXED_METRICS = frozenset({
     "offcpu_seconds_total", "offcpu_switches_total",
     "offcpu_stack_seconds_total", "offcpu_stack_switches_total",
-    "offcpu_block_duration_seconds",
+    "offcpu_block_duration_seconds", "offcpu_blocked_threads", "offcpu_blocked_longest_seconds",
     *(f"offcpu_exporter_{n}" for n in (
         "probe_attached", "probe_hooked_symbol", "lost_stacks_total", "map_entries", "map_capacity",
-        "map_dropped_total", "dropped_seconds_total", "spilled_stacks_total", "symbolization_failures_total",
+        "map_dropped_total", "dropped_seconds_total", "symbolization_failures_total",
+        "filtered_blocks_total", "filtered_seconds_total", "blocks_total", "stack_captures_total",
+        "stack_sampling_ratio", "probe_cpu_seconds_total", "probe_runs_total",
         "last_flush_duration_seconds", "flushes_total", "targets", "sink_sent_total", "sink_dropped_total",
         "sink_retried_total", "sink_failed_total", "cardinality_overflow_total", "build_info")),
 })

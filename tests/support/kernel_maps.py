@@ -4,51 +4,110 @@ tests/e2e/test_probe.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import ProbeConfig, RawKey
+from offcpu_exporter.probe.loader import CounterKey, CounterValue, ProbeConfig, StartEntry
+
+
+def key(tgid: int, user: int, kernel: int, reason: int = 1, tid: int = 0) -> CounterKey:
+    return CounterKey(tgid, tid, reason, user, kernel)
+
+
+def exact(blocks: int, ns: int) -> CounterValue:
+    """A counter whose every block had its stacks captured (no sampling)."""
+    return CounterValue(blocks, ns, blocks, ns)
 
 
 class KernelMaps:
-    """Counters in `counts` (key -> (count, ns)), stacks in `stacks` (id -> addresses); freed stack
-    ids are recorded in `deleted_stacks`, stack ids of pending switch-outs are `pending`."""
+    """Counters in `counts`, stacks in `stacks` (id -> addresses; freed ids are recorded in
+    `deleted_stacks`), blocks in progress in `starts` (tid -> StartEntry), marks in `marks`."""
 
-    def __init__(self, max_counts: int = 100) -> None:
-        self.config = ProbeConfig(max_counts=max_counts)
-        self.counts: dict[RawKey, tuple[int, int]] = {}
+    def __init__(self, max_counts: int = 100, **config: object) -> None:
+        self.config = ProbeConfig(max_counts=max_counts, **config)  # type: ignore[arg-type]
+        self.counts: dict[CounterKey, CounterValue] = {}
         self.stacks: dict[int, tuple[int, ...]] = {}
         self.deleted_stacks: set[int] = set()
-        self.pending: set[int] = set()
+        self.starts: dict[int, StartEntry] = {}
+        self.marks: dict[int, tuple[int, int]] = {}
+        self.hist: dict[int, list[int]] = {}
+        self._cutoff_ns = 0
+        self.marks_active = False
         self.targets: dict[int, int] = {}  # the in-kernel filter: tgid -> layout.TARGET_*
         self.mode, self.hooked, self.attached = "tracepoint", ("sched:sched_switch",), True
+        self.attached_wall_ns = 0
+        self.attached_ktime_ns = 0
 
-    def read_counts(self):  # type: ignore[no-untyped-def]
-        return [(k, c, ns) for k, (c, ns) in self.counts.items()]
+    def read_counts(self) -> list[tuple[CounterKey, CounterValue]]:
+        return list(self.counts.items())
 
-    def take_counts(self, keys):  # type: ignore[no-untyped-def]
+    def take_counts(self, keys: Iterable[CounterKey]) -> dict[CounterKey, CounterValue]:
         return {k: self.counts.pop(k) for k in list(keys) if k in self.counts}
 
-    def stack(self, stack_id: int):  # type: ignore[no-untyped-def]
+    def stack(self, stack_id: int) -> tuple[int, ...] | None:
         return self.stacks.get(stack_id)
 
-    def delete_stacks(self, ids) -> None:  # type: ignore[no-untyped-def]
+    def stack_ids(self) -> set[int]:
+        return set(self.stacks)
+
+    def delete_stacks(self, ids: Iterable[int]) -> None:
         for sid in ids:
             self.stacks.pop(sid, None)
             self.deleted_stacks.add(sid)
 
-    def pending_stack_ids(self) -> set[int]:
-        return self.pending
+    def read_starts(self) -> dict[int, StartEntry]:
+        return dict(self.starts)
+
+    def read_start(self, tid: int) -> StartEntry | None:
+        return self.starts.get(tid)
+
+    def seed_start(self, tid: int, entry: StartEntry) -> bool:
+        if tid in self.starts:
+            return False
+        self.starts[tid] = entry
+        return True
+
+    def unseed_start(self, tid: int, ts_ns: int) -> None:
+        if tid in self.starts and self.starts[tid].ts_ns == ts_ns:
+            del self.starts[tid]
+
+    def write_marks(self, marks: dict[int, tuple[int, int]]) -> None:
+        self.marks.update(marks)
+        self.marks_active = self.marks_active or bool(marks)
+
+    def read_marks(self) -> dict[int, tuple[int, int]]:
+        return dict(self.marks)
+
+    def delete_marks(self, tids: Iterable[int]) -> None:
+        for tid in tids:
+            self.marks.pop(tid, None)
+
+    def set_marks_active(self, active: bool) -> None:
+        self.marks_active = active
+
+    @property
+    def cutoff_ns(self) -> int:
+        return self._cutoff_ns
+
+    def set_cutoff(self, ktime_ns: int) -> None:
+        self._cutoff_ns = ktime_ns
 
     def read_hist(self) -> dict[int, list[int]]:
-        return {}
+        return {tgid: list(slots) for tgid, slots in self.hist.items()}
 
-    def delete_hist(self, tgid: int) -> None:
-        pass
+    def take_hist(self, tgid: int) -> list[int]:
+        return self.hist.pop(tgid, [0] * layout.HIST_SLOTS)
 
     def stats(self) -> list[int]:
         return [0] * layout.STAT_MAX
 
-    def map_sizes(self, counts_entries: int):  # type: ignore[no-untyped-def]
-        return {"counts": (counts_entries, self.config.max_counts)}
+    def map_sizes(self, **known: int) -> dict[str, tuple[int, int]]:
+        return {"counts": (known.get("counts", len(self.counts)), self.config.max_counts),
+                "start": (len(self.starts), self.config.max_threads),
+                "stacks": (len(self.stacks), self.config.stack_storage)}
+
+    def run_time(self) -> tuple[int, int]:
+        return 0, 0
 
     def kernel_targets(self) -> dict[int, int]:
         return dict(self.targets)
@@ -59,8 +118,29 @@ class KernelMaps:
     def remove_target(self, tgid: int) -> None:
         self.targets.pop(tgid, None)
 
-    def children(self):  # type: ignore[no-untyped-def]
+    def children(self) -> dict[int, tuple[int, int, str]]:
         return {}
 
     def forget_child(self, tgid: int) -> None:
         pass
+
+    # -- the kernel's side, for tests of the protocols between the two -------------------------
+
+    def switch_in(self, tid: int, now: int) -> None:
+        """What bpf/offcpu.bpf.c's switch_in() does when thread `tid` runs again at `now`."""
+        block = self.starts.pop(tid)
+        since = block.ts_ns
+        mark = self.marks.get(tid)
+        if self.marks_active and mark is not None and mark[0] == block.ts_ns:
+            since = max(since, mark[1])
+            del self.marks[tid]
+        if self.cutoff_ns:
+            now = min(now, self.cutoff_ns)
+        delta = max(0, now - since)
+        captured = block.weight and block.user_stack
+        k = CounterKey(block.tgid, tid if self.config.per_thread else 0, block.reason,
+                       block.user_stack if captured else 0, block.kernel_stack if captured else 0)
+        old = self.counts.get(k, CounterValue(0, 0, 0, 0))
+        w = block.weight if captured else 0
+        self.counts[k] = CounterValue(old.blocks + 1, old.ns + delta, old.weighted_blocks + w,
+                                      old.weighted_ns + w * delta)

@@ -1,20 +1,25 @@
 """The delta logic against an in-memory stand-in for the kernel maps (the real maps are exercised
-by tests/e2e/test_probe.py): first flush, zero increase, a key drained or gone, a restarted run."""
+by tests/e2e/test_probe.py): first flush, zero increase, a key drained or gone, a restarted run,
+sampled estimates split over stacks, blocks in progress, stacks freed."""
 
 from __future__ import annotations
 
 import errno
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from offcpu_exporter import aggregate
-from offcpu_exporter.aggregate import AggregateConfig, Aggregator, increase
-from offcpu_exporter.probe.loader import RawKey
+from offcpu_exporter.aggregate import AggregateConfig, Aggregator, apportion, increase
+from offcpu_exporter.probe import layout
+from offcpu_exporter.probe.loader import CounterValue, StartEntry, ktime_ns
 from offcpu_exporter.snapshot import ZERO, Counter, Frame, FrameKind, Reason
 from offcpu_exporter.symbols import UNKNOWN
 from offcpu_exporter.targets import ProcessTable, TargetRules
-from tests.support.kernel_maps import KernelMaps
+from tests.support.kernel_maps import KernelMaps, exact, key
 
 
 class Names:
@@ -54,30 +59,50 @@ def _aggregator(proc: Path, kernel: KernelMaps, **config: float) -> Aggregator:
     return Aggregator(kernel, Names(), table, AggregateConfig(**config))  # type: ignore[arg-type]
 
 
-KEY: RawKey = (42, 0, 1, 2, Reason.SLEEPING.value)
+U1, U2, K1, K2 = 0x1001_0000, 0x1002_0000, 0x2001_0000, 0x2002_0000  # stack ids (hashes)
+KEY = key(42, U1, K1)
+
+
+def _kernel(**config: object) -> KernelMaps:
+    kernel = KernelMaps(**config)
+    kernel.stacks = {U1: (0x10, 0x20), U2: (0x30,), K1: (0xA, 0xB), K2: (0xC,)}
+    return kernel
+
+
+def _names(sample) -> tuple[tuple[str, ...], tuple[str, ...]]:  # type: ignore[no-untyped-def]
+    return tuple(f.name for f in sample.stack.user), tuple(f.name for f in sample.stack.kernel)
 
 
 def test_increase_rules() -> None:
-    assert increase((5, 500), None) == (5, 500)  # first read
-    assert increase((5, 500), (5, 500)) == (0, 0)  # no change
-    assert increase((7, 900), (5, 500)) == (2, 400)
-    assert increase((1, 100), (5, 500)) == (1, 100)  # re-created since: all of it is new
+    assert increase(exact(5, 500), None) == exact(5, 500)  # first read
+    assert increase(exact(5, 500), exact(5, 500)) == exact(0, 0)  # no change
+    assert increase(exact(7, 900), exact(5, 500)) == exact(2, 400)
+    assert increase(exact(1, 100), exact(5, 500)) == exact(1, 100)  # re-created since: all of it is new
+
+
+@given(st.integers(0, 10**15), st.lists(st.integers(0, 10**9), min_size=1, max_size=30))
+def test_apportion_sums_exactly_and_follows_the_weights(total: int, weights: list[int]) -> None:
+    shares = apportion(total, weights)
+    if sum(weights) == 0:
+        assert shares == [0] * len(weights)
+        return
+    assert sum(shares) == total
+    for share, weight in zip(shares, weights, strict=True):
+        assert abs(share - total * weight / sum(weights)) < 1 + 1e-9 * total
 
 
 def test_first_flush_then_increases_then_zero(proc: Path) -> None:
-    kernel = KernelMaps()
-    kernel.stacks = {1: (0x10, 0x20), 2: (0xA, 0xB)}
+    kernel = _kernel()
     agg = _aggregator(proc, kernel)
-    kernel.counts[KEY] = (3, 3_000)
+    kernel.counts[KEY] = exact(3, 3_000)
     snap = agg.flush()
     (sample,) = snap.samples
     assert sample.total == sample.increase == Counter(3, 3_000)
-    assert [f.name for f in sample.stack.user] == ["u10", "u20"]
-    assert [f.name for f in sample.stack.kernel] == ["ka", "kb"]
+    assert _names(sample) == (("u10", "u20"), ("ka", "kb"))
     assert snap.processes[sample.process].info.comm == "my (app)"
     assert snap.processes[sample.process].total == Counter(3, 3_000)
 
-    kernel.counts[KEY] = (5, 7_000)
+    kernel.counts[KEY] = exact(5, 7_000)
     (sample,) = agg.flush().samples
     assert sample.increase == Counter(2, 4_000)
     assert sample.total == Counter(5, 7_000)
@@ -87,67 +112,112 @@ def test_first_flush_then_increases_then_zero(proc: Path) -> None:
     assert sample.total == Counter(5, 7_000)
 
 
-def test_idle_key_is_drained_and_its_total_survives(proc: Path) -> None:
-    kernel = KernelMaps()
-    kernel.stacks = {1: (0x10,), 2: (0xA,)}
+def test_sampled_stacks_share_the_exact_total_in_proportion_to_their_estimates(proc: Path) -> None:
+    kernel = _kernel()
+    agg = _aggregator(proc, kernel)
+    # 1,000 blocks of the thread, 9.5 s; three blocks' stacks were captured with weight 100, 200, 100.
+    kernel.counts[key(42, 0, 0)] = CounterValue(997, 9_200_000_000, 0, 0)
+    kernel.counts[key(42, U1, K1)] = CounterValue(2, 200_000_000, 200, 20_000_000_000)
+    kernel.counts[key(42, U2, K2)] = CounterValue(1, 100_000_000, 200, 10_000_000_000)
+    snap = agg.flush()
+    by_stack = {_names(s): s.total for s in snap.samples}
+    assert by_stack[(("u10", "u20"), ("ka", "kb"))] == Counter(500, 6_333_333_333)
+    assert by_stack[(("u30",), ("kc",))] == Counter(500, 3_166_666_667)
+    total = sum(by_stack.values(), ZERO)
+    assert total == Counter(1_000, 9_500_000_000) == next(iter(snap.processes.values())).total
+
+
+def test_blocks_no_sample_carries_are_shown_as_not_sampled(proc: Path) -> None:
+    kernel = _kernel()
+    agg = _aggregator(proc, kernel)
+    kernel.counts[key(42, 0, 0)] = CounterValue(10, 1_000, 0, 0)
+    (sample,) = agg.flush().samples
+    assert _names(sample) == (("[stack not sampled]",), ())
+    assert sample.total == Counter(10, 1_000)
+
+
+def test_blocks_whose_counter_could_not_be_created_are_shown_as_lost(proc: Path) -> None:
+    kernel = _kernel()
+    agg = _aggregator(proc, kernel)
+    kernel.counts[key(42, 0, 0)] = CounterValue(4, 4_000, 4, 4_000)  # folded into the stackless key
+    kernel.counts[KEY] = exact(4, 4_000)
+    by_stack = {_names(s): s.total for s in agg.flush().samples}
+    assert by_stack == {(("[lost stack: counter map full]",), ()): Counter(4, 4_000),
+                        (("u10", "u20"), ("ka", "kb")): Counter(4, 4_000)}
+
+
+def test_idle_key_is_drained_its_total_survives_and_its_stacks_are_freed(proc: Path) -> None:
+    kernel = _kernel()
     agg = _aggregator(proc, kernel, age_after=2)
-    kernel.counts[KEY] = (1, 100)
+    kernel.counts[KEY] = exact(1, 100)
     agg.flush()
     agg.flush()  # idle 1
     snap = agg.flush()  # idle 2: drained
     assert KEY not in kernel.counts
-    assert kernel.deleted_stacks == {1, 2}  # nothing references them any more
     (sample,) = snap.samples
     assert sample.total == Counter(1, 100)
+    agg.flush()  # nothing references the stacks any more
+    assert {U1, K1} <= kernel.deleted_stacks
     # The kernel re-creates the key from zero: its new value is all increase, no fake jump.
-    kernel.stacks = {1: (0x10,), 2: (0xA,)}
-    kernel.counts[KEY] = (2, 50)
+    kernel.stacks.update({U1: (0x10, 0x20), K1: (0xA, 0xB)})
+    kernel.counts[KEY] = exact(2, 50)
     (sample,) = agg.flush().samples
     assert sample.increase == Counter(2, 50)
     assert sample.total == Counter(3, 150)
 
 
-def test_pending_stack_ids_are_not_reclaimed(proc: Path) -> None:
-    kernel = KernelMaps()
-    kernel.stacks = {1: (0x10,), 2: (0xA,)}
-    kernel.pending = {1}
-    agg = _aggregator(proc, kernel, age_after=1)
-    kernel.counts[KEY] = (1, 100)
+def test_a_counter_created_while_its_stack_was_freed_keeps_its_frames(proc: Path) -> None:
+    # The stack is unreferenced when the flush reads the maps (the block that captured it has not
+    # ended yet, and its start was consumed): it is freed; the counter then appears.
+    kernel = _kernel()
+    agg = _aggregator(proc, kernel)
     agg.flush()
+    assert {U1, U2, K1, K2} <= kernel.deleted_stacks
+    kernel.counts[KEY] = exact(1, 100)
+    (sample,) = agg.flush().samples
+    assert _names(sample) == (("u10", "u20"), ("ka", "kb"))
+    assert not snapshot_lost(agg)
+
+
+def snapshot_lost(agg: Aggregator) -> dict[str, int]:
+    return dict(agg.latest.health.lost_stacks)
+
+
+def test_stacks_of_blocks_in_progress_are_not_freed(proc: Path) -> None:
+    kernel = _kernel()
+    kernel.starts[7] = StartEntry(1, 42, 1, U1, K1, 1)
+    agg = _aggregator(proc, kernel)
     agg.flush()
-    assert kernel.deleted_stacks == {2}
+    assert kernel.deleted_stacks == {U2, K2}
 
 
 def test_full_map_is_drained_at_the_high_water_mark(proc: Path) -> None:
     kernel = KernelMaps(max_counts=10)
-    kernel.stacks = {i: (i,) for i in range(20)}
+    kernel.stacks = {0x5000 + i: (i,) for i in range(20)}
     agg = _aggregator(proc, kernel, high_water=0.8, age_after=100)
     for i in range(8):
-        kernel.counts[(42, 0, i, 10 + i, 1)] = (1, 10)
+        kernel.counts[key(42, 0x5000 + i, 0x5000 + 10 + i)] = exact(1, 10)
     snap = agg.flush()
     assert not kernel.counts  # everything was busy: drained at once, totals kept
     assert sum((s.total for s in snap.samples), ZERO) == Counter(8, 80)
 
 
 def test_lost_stacks_become_placeholder_frames_and_are_counted(proc: Path) -> None:
-    kernel = KernelMaps()
-    kernel.stacks = {2: (0xA,)}
+    kernel = _kernel()
     agg = _aggregator(proc, kernel)
-    kernel.counts[(42, 0, -errno.EEXIST, 2, 1)] = (4, 400)
-    kernel.counts[(42, 0, -errno.EFAULT, -errno.ENOMEM, 1)] = (1, 10)
+    kernel.counts[key(42, layout.STACK_ERRNO_BASE + errno.ENOMEM, K1)] = exact(4, 400)
+    kernel.counts[key(42, layout.STACK_EMPTY, layout.STACK_ERRNO_BASE + errno.EFAULT)] = exact(1, 10)
     snap = agg.flush()
-    stacks = {s.stack for s in snap.samples}
-    names = {(tuple(f.name for f in st.user), tuple(f.name for f in st.kernel)) for st in stacks}
-    assert (("[lost stack: stack map collision]",), ("ka",)) in names
-    assert ((), ("[lost stack: stack map full]",)) in names  # no user stack: empty half, not lost
-    assert snap.health.lost_stacks == {"user:EEXIST": 4, "user:EFAULT": 1, "kernel:ENOMEM": 1}
+    names = {_names(s) for s in snap.samples}
+    assert (("[lost stack: stack map full]",), ("ka", "kb")) in names
+    assert ((), ("[lost stack: not captured]",)) in names  # no user stack: empty half, not lost
+    assert snap.health.lost_stacks == {"user:ENOMEM": 4, "kernel:EFAULT": 1}
     assert sum((s.total for s in snap.samples), ZERO) == snap.processes[snap.samples[0].process].total
 
 
 def test_new_exporter_run_starts_from_zero(proc: Path) -> None:
-    kernel = KernelMaps()
-    kernel.stacks = {1: (0x10,), 2: (0xA,)}
-    kernel.counts[KEY] = (3, 300)
+    kernel = _kernel()
+    kernel.counts[KEY] = exact(3, 300)
     first = _aggregator(proc, kernel)
     first.flush()
     restarted = _aggregator(proc, KernelMaps())  # a new run loads a new program with empty maps
@@ -175,7 +245,7 @@ class LateMapping(Names):
 
 def _late_mapping_aggregator(proc: Path) -> tuple[KernelMaps, LateMapping, Aggregator]:
     kernel = KernelMaps()
-    kernel.stacks = {1: (0x10, 0x20), 2: (0xA,)}
+    kernel.stacks = {U1: (0x10, 0x20), K1: (0xA,)}
     names = LateMapping()
     table = ProcessTable(TargetRules(pids=(42,)), proc_root=str(proc))
     table.start()
@@ -185,11 +255,11 @@ def _late_mapping_aggregator(proc: Path) -> tuple[KernelMaps, LateMapping, Aggre
 def test_a_stack_with_an_unmapped_address_is_named_at_the_next_flush(proc: Path) -> None:
     # Flushes back to back: the retry follows the symbolizer's view of the process, not a clock.
     kernel, names, agg = _late_mapping_aggregator(proc)
-    kernel.counts[KEY] = (1, 1_000)
+    kernel.counts[KEY] = exact(1, 1_000)
     (sample,) = agg.flush().samples
     assert [f.name for f in sample.stack.user] == ["u10", "[unknown]"]
     names.mapped = True
-    kernel.counts[KEY] = (3, 5_000)
+    kernel.counts[KEY] = exact(3, 5_000)
     by_user = {tuple(f.name for f in s.stack.user): s for s in agg.flush().samples}
     # What was counted stays where it was; from now on counts go to the named stack.
     assert by_user[("u10", "[unknown]")].total == Counter(1, 1_000)
@@ -200,12 +270,12 @@ def test_a_stack_with_an_unmapped_address_is_named_at_the_next_flush(proc: Path)
 def test_a_stack_that_stays_unmapped_is_named_again_only_when_the_process_changed(proc: Path) -> None:
     kernel, names, agg = _late_mapping_aggregator(proc)
     for n in range(1, 6):
-        kernel.counts[KEY] = (n, n * 1_000)
+        kernel.counts[KEY] = exact(n, n * 1_000)
         (sample,) = agg.flush().samples
         assert sample.total == Counter(n, n * 1_000)
     assert names.calls == 1  # nothing changed: nothing to gain from naming it again
     names.changes += 1  # say, a library was mapped, but not where 0x20 is
-    kernel.counts[KEY] = (6, 6_000)
+    kernel.counts[KEY] = exact(6, 6_000)
     agg.flush()
     assert names.calls == 2
     assert [f.name for f in agg.flush().samples[0].stack.user] == ["u10", "[unknown]"]
@@ -214,13 +284,13 @@ def test_a_stack_that_stays_unmapped_is_named_again_only_when_the_process_change
 def test_unmapped_stacks_are_given_up_on_after_the_window(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aggregate, "_UNRESOLVED_WINDOW_SECONDS", 0.0)
     kernel, names, agg = _late_mapping_aggregator(proc)
-    kernel.counts[KEY] = (1, 1_000)
+    kernel.counts[KEY] = exact(1, 1_000)
     agg.flush()
     names.changes += 1
-    kernel.counts[KEY] = (2, 2_000)
+    kernel.counts[KEY] = exact(2, 2_000)
     agg.flush()  # one last try, then no more
     names.changes += 1
-    kernel.counts[KEY] = (3, 3_000)
+    kernel.counts[KEY] = exact(3, 3_000)
     agg.flush()
     assert names.calls == 2
     assert names.refreshes == 1
@@ -234,3 +304,72 @@ def test_before_the_first_flush_the_snapshot_says_the_probe_is_attached(proc: Pa
     assert first is agg.latest and first.sequence == 0 and not first.samples
     assert (health.probe_attached, health.attach_mode, health.targets) == (True, "tracepoint", 1)
     assert health.map_capacity and health.flushes == 0
+
+
+def test_blocks_in_progress_count_up_to_the_flush_and_show_as_blocked_now(proc: Path) -> None:
+    kernel = _kernel(per_thread=True)
+    started = ktime_ns() - 2_000_000_000
+    kernel.starts[42] = StartEntry(started, 42, Reason.UNINTERRUPTIBLE.value, U1, K1, 1)
+    agg = _aggregator(proc, kernel)
+    snap = agg.flush()
+    (sample,) = snap.samples
+    assert sample.reason is Reason.UNINTERRUPTIBLE and sample.tid == 42
+    assert _names(sample) == (("u10", "u20"), ("ka", "kb"))
+    assert sample.total.count == 0 and 2.0 <= sample.total.seconds < 2.5  # no block has ended yet
+    blocked = snap.processes[sample.process].blocked[Reason.UNINTERRUPTIBLE]
+    assert blocked.threads == 1 and 2.0 <= blocked.longest_seconds < 2.5
+    kernel.switch_in(42, ktime_ns())  # it ends: the kernel counts it from the flush on
+    (sample,) = agg.flush().samples
+    assert sample.total.count == 1
+    assert sample.total.ns == pytest.approx(ktime_ns() - started, abs=300_000_000)
+    assert agg.latest.processes[sample.process].blocked == {}
+
+
+def test_a_final_flush_ends_the_window(proc: Path) -> None:
+    kernel = _kernel(per_thread=True)
+    kernel.starts[42] = StartEntry(ktime_ns() - 1_000_000_000, 42, 1, U1, K1, 1)
+    agg = _aggregator(proc, kernel)
+    until = ktime_ns() - 500_000_000
+    (sample,) = agg.flush(final=True, until_ns=until).samples
+    assert sample.total.ns == pytest.approx(500_000_000, abs=50_000_000)
+    assert kernel.cutoff_ns == 0  # set for the flush, lifted after it (the probe may be shared)
+
+
+def test_an_expired_process_keeps_its_last_increase_for_one_more_flush(proc: Path) -> None:
+    kernel = _kernel()
+    agg = _aggregator(proc, kernel, exited_grace_seconds=0.0)
+    kernel.counts[KEY] = exact(1, 100)
+    agg.flush()
+    (proc / "42" / "stat").unlink()  # it exits
+    agg.processes.refresh()
+    kernel.counts[KEY] = exact(2, 300)  # its last blocks, read after its grace ran out
+    (sample,) = agg.flush().samples
+    assert sample.increase == Counter(1, 200)
+    assert agg.flush().samples == ()  # then it is gone
+
+
+def test_a_reused_pid_gives_the_kernel_counters_and_histogram_to_the_old_process(proc: Path) -> None:
+    kernel = _kernel()
+    table = ProcessTable(TargetRules(comm=re.compile("app|new")), proc_root=str(proc))
+    table.refresh()
+    agg = Aggregator(kernel, Names(), table)  # type: ignore[arg-type]
+    kernel.counts[KEY] = exact(1, 100)
+    kernel.hist[42] = [0] * layout.HIST_SLOTS
+    kernel.hist[42][5] = 1
+    old = agg.flush().samples[0].process
+    kernel.counts[KEY] = exact(3, 400)  # its last blocks before it exited
+    kernel.hist[42][5] = 3
+    (proc / "42" / "stat").write_text("42 (new) S 1 " + " ".join(["0"] * 17) + " 999 0 0\n")
+    agg.processes.refresh()
+    agg.process_replaced(old)
+    assert KEY not in kernel.counts and 42 not in kernel.hist
+    kernel.counts[KEY] = exact(1, 50)  # the new process
+    kernel.hist[42] = [0] * layout.HIST_SLOTS
+    kernel.hist[42][7] = 1
+    snap = agg.flush()
+    totals = {s.process: s.total for s in snap.samples}
+    assert totals[old] == Counter(3, 400)
+    new = next(k for k in totals if k != old)
+    assert totals[new] == Counter(1, 50)
+    assert snap.processes[old].histogram[5] == 3
+    assert snap.processes[new].histogram[7] == 1 and snap.processes[new].histogram[5] == 0

@@ -16,21 +16,37 @@ PROGRAM = """
 #define S(t) printf("%s size %zu\\n", #t, sizeof(struct t));
 #define F(t, f) printf("%s.%s %zu\\n", #t, #f, offsetof(struct t, f));
 int main(void) {
-  S(offcpu_key) F(offcpu_key, tgid) F(offcpu_key, tid) F(offcpu_key, user_stack_id)
-  F(offcpu_key, kernel_stack_id) F(offcpu_key, reason)
-  S(offcpu_value) F(offcpu_value, count) F(offcpu_value, total_ns)
-  S(offcpu_start) F(offcpu_start, ts_ns) F(offcpu_start, tgid) F(offcpu_start, reason)
-  F(offcpu_start, user_stack_id) F(offcpu_start, kernel_stack_id)
+  S(offcpu_key) F(offcpu_key, tgid) F(offcpu_key, tid) F(offcpu_key, reason) F(offcpu_key, user_stack)
+  F(offcpu_key, kernel_stack)
+  S(offcpu_value) F(offcpu_value, count) F(offcpu_value, ns) F(offcpu_value, wcount) F(offcpu_value, wns)
+  S(offcpu_start) F(offcpu_start, ts_ns) F(offcpu_start, user_stack) F(offcpu_start, kernel_stack)
+  F(offcpu_start, tgid) F(offcpu_start, reason) F(offcpu_start, weight)
+  S(offcpu_mark) F(offcpu_mark, start_ns) F(offcpu_mark, until_ns)
+  S(offcpu_control) F(offcpu_control, cutoff_ns) F(offcpu_control, marks_active)
+  S(offcpu_stack) F(offcpu_stack, ips)
+  S(offcpu_sampler) F(offcpu_sampler, window_start_ns) F(offcpu_sampler, switches) F(offcpu_sampler, shift)
+  S(offcpu_cpu_sampler) F(offcpu_cpu_sampler, window_start_ns) F(offcpu_cpu_sampler, captures)
+  F(offcpu_cpu_sampler, shift)
   S(offcpu_hist_key) F(offcpu_hist_key, tgid) F(offcpu_hist_key, slot)
   S(offcpu_child) F(offcpu_child, fork_boot_ns) F(offcpu_child, parent_tgid) F(offcpu_child, comm)
   printf("const STAT_MAX %d\\n", OFFCPU_STAT_MAX);
   printf("const HIST_SLOTS %d\\n", OFFCPU_HIST_SLOTS);
+  printf("const MAX_DEPTH %d\\n", OFFCPU_MAX_DEPTH);
+  printf("const STACK_NOT_CAPTURED %d\\n", OFFCPU_STACK_NOT_CAPTURED);
+  printf("const STACK_EMPTY %d\\n", OFFCPU_STACK_EMPTY);
+  printf("const STACK_SEEDED %d\\n", OFFCPU_STACK_SEEDED);
+  printf("const STACK_ERRNO_BASE %d\\n", OFFCPU_STACK_ERRNO_BASE);
+  printf("const STACK_RESERVED %d\\n", OFFCPU_STACK_RESERVED);
   printf("const STAT_COUNTS_DROPPED %d\\n", OFFCPU_STAT_COUNTS_DROPPED);
   printf("const STAT_COUNTS_DROPPED_NS %d\\n", OFFCPU_STAT_COUNTS_DROPPED_NS);
   printf("const STAT_START_DROPPED %d\\n", OFFCPU_STAT_START_DROPPED);
   printf("const STAT_HIST_DROPPED %d\\n", OFFCPU_STAT_HIST_DROPPED);
   printf("const STAT_FILTERED %d\\n", OFFCPU_STAT_FILTERED);
-  printf("const STAT_STACKS_SPILLED %d\\n", OFFCPU_STAT_STACKS_SPILLED);
+  printf("const STAT_FILTERED_NS %d\\n", OFFCPU_STAT_FILTERED_NS);
+  printf("const STAT_STACKS_DROPPED %d\\n", OFFCPU_STAT_STACKS_DROPPED);
+  printf("const STAT_STACK_KEYS_FOLDED %d\\n", OFFCPU_STAT_STACK_KEYS_FOLDED);
+  printf("const STAT_BLOCKS %d\\n", OFFCPU_STAT_BLOCKS);
+  printf("const STAT_CAPTURES %d\\n", OFFCPU_STAT_CAPTURES);
   printf("const TARGET_WATCH %d\\n", OFFCPU_TARGET_WATCH);
   printf("const TARGET_EXCLUDE %d\\n", OFFCPU_TARGET_EXCLUDE);
   printf("reason RUNNABLE %d\\nreason SLEEPING %d\\nreason UNINTERRUPTIBLE %d\\nreason OTHER %d\\n",
@@ -65,11 +81,12 @@ def test_header_and_python_layouts_agree(tmp_path: Path) -> None:
             struct, field = words[0].split(".")
             assert getattr(structs[struct], field).offset == int(words[1]), words
         checked += 1
-    assert checked >= 25
+    assert checked >= 60
 
 
 def test_bpf_source_declares_the_maps_python_reads() -> None:
     source = (layout.BPF_DIR / layout.SOURCE).read_text()
-    for name in (layout.MAP_TARGETS, layout.MAP_START, layout.MAP_COUNTS, layout.MAP_HIST, layout.MAP_STACKS,
-                 layout.MAP_STACK_SPILL, layout.MAP_STATS, "children"):
+    for name in (layout.MAP_TARGETS, layout.MAP_CHILDREN, layout.MAP_START, layout.MAP_MARKS, layout.MAP_COUNTS,
+                 layout.MAP_HIST, layout.MAP_STACKS, layout.MAP_CONTROL, layout.MAP_STATS):
         assert f"({name}," in source, name
+    assert f", {layout.MAP_SAMPLER}," in source

@@ -1,26 +1,24 @@
-"""The stack maps' sizes and the id ranges the loader derives from ProbeConfig."""
+"""What the loader derives from ProbeConfig: the program's -D defines."""
 
 from __future__ import annotations
 
-import pytest
-
-from offcpu_exporter.probe.loader import Probe, ProbeConfig, ProbeError
+from offcpu_exporter.probe.loader import ProbeConfig
 
 
-@pytest.mark.parametrize(("storage", "base", "spill"), [(1, 1, 1), (2, 2, 1), (100, 128, 25), (16384, 16384, 4096)])
-def test_spill_ids_start_at_the_main_maps_bucket_count(storage: int, base: int, spill: int) -> None:
-    # The kernel rounds a stack map's entries up to a power of two and hands out bucket indices.
-    config = ProbeConfig(stack_storage=storage)
-    assert (config.stack_spill_base, config.stack_spill_entries) == (base, spill)
-    assert f"-DSTACK_SPILL_BASE={base}" in config.cflags("tracepoint")
-    assert f"-DSTACK_SPILL={spill}" in config.cflags("tracepoint")
-    assert ProbeConfig(stack_storage=storage, stack_spill=7).stack_spill_entries == 7
-    assert config.stack_slot(base - 1) == ("stack_traces", base - 1)
-    assert config.stack_slot(base) == ("stack_spill", 0)
-    assert config.stack_slot(base + spill - 1) == ("stack_spill", spill - 1)
+def _defines(config: ProbeConfig) -> dict[str, str]:
+    return dict(flag[2:].split("=", 1) for flag in config.cflags("tracepoint") if flag.startswith("-D") and "=" in flag)
 
 
-def test_stack_ids_past_32_bits_are_refused() -> None:
-    with pytest.raises(ProbeError, match=r"stack storage size \d+ is too large"):
-        Probe(ProbeConfig(stack_storage=1 << 31))
-    Probe(ProbeConfig(stack_storage=1 << 30))  # 2^30 + 2^28 ids fit
+def test_sampling_budgets_are_given_per_window() -> None:
+    defines = _defines(ProbeConfig(stack_budget_thread=1000, stack_budget_cpu=5000, sample_window_ns=100_000_000))
+    assert (defines["STACK_SAMPLING"], defines["THREAD_BUDGET"], defines["CPU_BUDGET"]) == ("1", "100", "500")
+    assert defines["SAMPLE_WINDOW_NS"] == "100000000ULL"
+    # A budget below one capture per window still captures one.
+    assert _defines(ProbeConfig(stack_budget_thread=1))["THREAD_BUDGET"] == "1"
+    assert _defines(ProbeConfig(stack_sampling=False))["STACK_SAMPLING"] == "0"
+
+
+def test_blocks_in_progress_are_credited_unless_max_block_is_set() -> None:
+    assert ProbeConfig().in_progress_credit
+    assert ProbeConfig(min_block_ns=1_000).in_progress_credit
+    assert not ProbeConfig(max_block_ns=5_000_000).in_progress_credit

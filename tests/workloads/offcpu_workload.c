@@ -11,6 +11,8 @@
  *                                                                        in offcpu_pipe_read
  *   mutex   threads contend on a futex lock held MS ms by each holder    in offcpu_lock_wait
  *   child   forks N short-lived children, each sleeps MS ms once           in offcpu_child_sleep
+ *   churn   creates and joins N short-lived threads one after another (--iterations N), each
+ *           sleeping MS ms once before it exits                         in offcpu_sleep_ms
  *
  * With --wait-go it prints "ready <pid>" and waits for a line on stdin before working, so that the
  * probe is attached first. At the end it prints one JSON line: per thread, its tid, the named
@@ -258,6 +260,30 @@ static void *thread_main(void *arg)
 	return NULL;
 }
 
+static void *churn_thread(void *arg)
+{
+	(void)arg;
+	offcpu_sleep_ms(interval_ms);
+	return NULL;
+}
+
+/* Thread churn: every thread's last switch-out is its exit (do_task_dead()). */
+static void run_churn(void)
+{
+	struct thread_result *r = &results[0];
+	r->tid = syscall(SYS_gettid);
+	r->function = "offcpu_sleep_ms";
+	r->start_ns = now_ns();
+	for (int i = 0; i < iterations; i++) {
+		pthread_t t;
+		if (pthread_create(&t, NULL, churn_thread, NULL) != 0)
+			exit(1);
+		pthread_join(t, NULL);
+		r->calls++;
+	}
+	r->end_ns = now_ns();
+}
+
 static void run_children(void)
 {
 	struct thread_result *r = &results[0];
@@ -291,7 +317,7 @@ int main(int argc, char **argv)
 {
 	int wait_go = 0;
 	if (argc < 2) {
-		fprintf(stderr, "usage: %s sleep|pipe|mutex|child [--threads N] [--iterations N] "
+		fprintf(stderr, "usage: %s sleep|pipe|mutex|child|churn [--threads N] [--iterations N] "
 				"[--interval-ms MS] [--wait-go]\n", argv[0]);
 		return 2;
 	}
@@ -324,6 +350,9 @@ int main(int argc, char **argv)
 	if (!strcmp(mode, "child")) {
 		n = 1;
 		run_children();
+	} else if (!strcmp(mode, "churn")) {
+		n = 1;
+		run_churn();
 	} else {
 		pthread_t tids[MAX_THREADS], writer = 0;
 		if (!strcmp(mode, "pipe") && pipe(pipe_fds) != 0)

@@ -93,6 +93,16 @@ class OffCPUCollector:
                 'Switch-outs per stack (top K per process, the rest in stack_id="other"), over threads and reasons.',
                 labels=s,
             ),
+            g(
+                "offcpu_blocked_threads",
+                "Threads of the process off CPU now (at the last flush), by reason.",
+                labels=PROCESS_LABELS,
+            ),
+            g(
+                "offcpu_blocked_longest_seconds",
+                "How long the thread off CPU the longest has been so, by reason (0: none now).",
+                labels=PROCESS_LABELS,
+            ),
             g("offcpu_exporter_probe_attached", "1 when the BPF probe is attached.", labels=("mode",)),
             g(
                 "offcpu_exporter_probe_hooked_symbol",
@@ -112,10 +122,21 @@ class OffCPUCollector:
                 labels=("map",),
             ),
             c("offcpu_exporter_dropped_seconds", "Off-CPU time measured but not stored (counter map full)."),
-            c(
-                "offcpu_exporter_spilled_stacks",
-                "Stack captures that collided in the stack map and were kept in its spill map.",
+            c("offcpu_exporter_filtered_blocks", "Blocks left out by --min-block/--max-block."),
+            c("offcpu_exporter_filtered_seconds", "Off-CPU time of the blocks left out by --min-block/--max-block."),
+            c("offcpu_exporter_blocks", "Blocks (off-CPU periods) the probe counted."),
+            c("offcpu_exporter_stack_captures", "Blocks whose stacks the probe captured."),
+            g(
+                "offcpu_exporter_stack_sampling_ratio",
+                "Blocks whose stacks were captured / blocks, over the last flush interval (1 without sampling); "
+                "per-stack figures are estimates scaled to the exact per-thread totals.",
             ),
+            c(
+                "offcpu_exporter_probe_cpu_seconds",
+                "CPU time spent in the probe's BPF programs (0 while the kernel does not time them: "
+                "kernel.bpf_stats_enabled).",
+            ),
+            c("offcpu_exporter_probe_runs", "Runs of the probe's BPF programs (counted when timed, as above)."),
             c("offcpu_exporter_symbolization_failures", "Frames that could not be symbolized."),
             g(
                 "offcpu_exporter_last_flush_duration_seconds",
@@ -157,6 +178,7 @@ class OffCPUCollector:
         view = self._selection.view(snapshot)
         fams, hist = self._families()
         self._add_processes(fams, hist, view)
+        self._add_blocked(fams, view)
         self._add_health(fams, snapshot.health, view)
         self._add_sinks(fams, snapshot.health)
         fams["offcpu_exporter_build_info"].add_metric(
@@ -189,6 +211,17 @@ class OffCPUCollector:
             _add_histogram(hist, [pid, comm, *where], series.view.histogram, series.view.total)
         if view.folded is not None:
             self._add_folded(fams, hist, view.folded)
+
+    def _add_blocked(self, fams: Mapping[str, _Family], view: SelectionView) -> None:
+        threads, longest = fams["offcpu_blocked_threads"], fams["offcpu_blocked_longest_seconds"]
+        for series in one_per_pid(view.processes):
+            info = series.view.info
+            where = (_text(info.namespace), _text(info.pod), _text(info.container))
+            for reason in Reason:
+                labels = [str(info.pid), _text(info.comm), reason.label, *where]
+                blocked = series.view.blocked.get(reason)
+                threads.add_metric(labels, blocked.threads if blocked else 0)
+                longest.add_metric(labels, blocked.longest_seconds if blocked else 0.0)
 
     def _add_other_stack(self, st_seconds: _Family, st_switches: _Family, pid: str, comm: str, other: Counter) -> None:
         labels = [pid, comm, OTHER, OTHER, OTHER]
@@ -224,24 +257,24 @@ class OffCPUCollector:
             for map_name, n in sorted(getattr(h, name).items()):
                 fams[fam].add_metric([map_name], n)
         fams["offcpu_exporter_dropped_seconds"].add_metric([], h.dropped_ns / 1e9)
-        fams["offcpu_exporter_spilled_stacks"].add_metric([], h.spilled_stacks)
+        fams["offcpu_exporter_filtered_blocks"].add_metric([], h.filtered_blocks)
+        fams["offcpu_exporter_filtered_seconds"].add_metric([], h.filtered_ns / 1e9)
+        fams["offcpu_exporter_blocks"].add_metric([], h.blocks)
+        fams["offcpu_exporter_stack_captures"].add_metric([], h.stack_captures)
+        fams["offcpu_exporter_stack_sampling_ratio"].add_metric([], h.stack_sampled_ratio)
+        fams["offcpu_exporter_probe_cpu_seconds"].add_metric([], h.probe_run_ns / 1e9)
+        fams["offcpu_exporter_probe_runs"].add_metric([], h.probe_runs)
         fams["offcpu_exporter_symbolization_failures"].add_metric([], h.symbolization_failures)
         fams["offcpu_exporter_last_flush_duration_seconds"].add_metric([], h.flush_duration_seconds)
         fams["offcpu_exporter_flushes"].add_metric([], h.flushes)
         fams["offcpu_exporter_targets"].add_metric([], h.targets)
-        overflow = dict(h.cardinality_overflow)
-        for what, n in view.overflow.items():
-            overflow[what] = overflow.get(what, 0) + n
-        for what, n in sorted(overflow.items()):
+        for what, n in sorted(view.overflow.items()):
             fams["offcpu_exporter_cardinality_overflow"].add_metric([what], n)
 
     def _add_sinks(self, fams: Mapping[str, _Family], h: Health) -> None:
         rows: dict[str, dict[str, int]] = {}
         for sink in self._sinks():
             rows[sink.name] = dict(sink.stats.values())
-        for name, n in h.sink_dropped.items():
-            row = rows.setdefault(name, {})
-            row["dropped"] = max(row.get("dropped", 0), n)
         for name in sorted(rows):
             for what in _SINK_STATS:
                 fams[f"offcpu_exporter_sink_{what}"].add_metric([name], rows[name].get(what, 0))

@@ -8,12 +8,13 @@ from pathlib import Path
 
 from offcpu_exporter.aggregate import Aggregator
 from offcpu_exporter.pipeline import Pipeline
-from offcpu_exporter.probe.loader import RawKey
+from offcpu_exporter.probe import layout
 from offcpu_exporter.snapshot import Reason
 from offcpu_exporter.symbols import Symbolizer
 from offcpu_exporter.targets import ProcessTable, TargetRules
 from tests.e2e.symbols.programs import Program, compile_c
-from tests.support.kernel_maps import KernelMaps
+from tests.support.kernel_maps import KernelMaps, exact
+from tests.support.kernel_maps import key as stack_key
 
 
 def _user_names(pipeline: Pipeline) -> list[str]:
@@ -35,9 +36,10 @@ def test_stacks_after_an_exec_are_named_from_the_new_program(
     pipeline = Pipeline(kernel, Aggregator(kernel, Symbolizer(), table), table)  # type: ignore[arg-type]
     pipeline.sync_targets()
 
-    key: RawKey = (program.pid, 0, 1, -14, Reason.SLEEPING.value)  # no kernel stack (-EFAULT)
-    kernel.stacks[1] = (address,)
-    kernel.counts[key] = (1, 1_000)
+    no_kernel_stack = layout.STACK_ERRNO_BASE + 14  # -EFAULT
+    key = stack_key(program.pid, 0x1_0000, no_kernel_stack, Reason.SLEEPING.value)
+    kernel.stacks[0x1_0000] = (address,)
+    kernel.counts[key] = exact(1, 1_000)
     assert _user_names(pipeline) == ["first_program_wait"]
 
     program.command(f"exec {second}", until="ready")
@@ -45,6 +47,6 @@ def test_stacks_after_an_exec_are_named_from_the_new_program(
     pipeline.sync_targets()
     assert table.info(program.pid) is not None and table.info(program.pid).exe == str(second)
     del kernel.counts[key]
-    kernel.stacks[2] = (address,)
-    kernel.counts[(program.pid, 0, 2, -14, Reason.SLEEPING.value)] = (1, 1_000)
+    kernel.stacks[0x2_0000] = (address,)
+    kernel.counts[stack_key(program.pid, 0x2_0000, no_kernel_stack, Reason.SLEEPING.value)] = exact(1, 1_000)
     assert _user_names(pipeline) == ["second_program_wait"]

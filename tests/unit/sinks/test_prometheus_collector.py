@@ -264,13 +264,18 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
         map_capacity={"counts": 10240},
         map_dropped={"counts": 3},
         dropped_ns=1_500_000_000,
-        spilled_stacks=6,
+        filtered_blocks=7,
+        filtered_ns=250_000_000,
+        blocks=1000,
+        stack_captures=125,
+        stack_sampling=True,
+        stack_sampled_ratio=0.125,
+        probe_run_ns=3_000_000_000,
+        probe_runs=12_000,
         symbolization_failures=2,
         flush_duration_seconds=0.012,
         flushes=9,
         targets=4,
-        cardinality_overflow={"threads": 1},
-        sink_dropped={"otlp": 5},
     )
     b = Builder()
     b.health = health
@@ -296,18 +301,20 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
     assert samples(text, "offcpu_exporter_map_capacity") == [({"map": "counts"}, 10240.0)]
     assert samples(text, "offcpu_exporter_map_dropped_total") == [({"map": "counts"}, 3.0)]
     assert samples(text, "offcpu_exporter_dropped_seconds_total")[0][1] == 1.5
-    assert samples(text, "offcpu_exporter_spilled_stacks_total") == [({}, 6.0)]
+    assert samples(text, "offcpu_exporter_filtered_blocks_total") == [({}, 7.0)]
+    assert samples(text, "offcpu_exporter_filtered_seconds_total") == [({}, 0.25)]
+    assert samples(text, "offcpu_exporter_blocks_total") == [({}, 1000.0)]
+    assert samples(text, "offcpu_exporter_stack_captures_total") == [({}, 125.0)]
+    assert samples(text, "offcpu_exporter_stack_sampling_ratio") == [({}, 0.125)]
+    assert samples(text, "offcpu_exporter_probe_cpu_seconds_total") == [({}, 3.0)]
+    assert samples(text, "offcpu_exporter_probe_runs_total") == [({}, 12000.0)]
     assert samples(text, "offcpu_exporter_flushes_total")[0][1] == 9
     assert samples(text, "offcpu_exporter_targets")[0][1] == 4
     assert samples(text, "offcpu_exporter_last_flush_duration_seconds")[0][1] == 0.012
-    assert by(text, "offcpu_exporter_sink_sent_total", "sink") == {"skywalking": 12, "otlp": 0}
-    assert by(text, "offcpu_exporter_sink_dropped_total", "sink") == {"skywalking": 0, "otlp": 5}
+    assert by(text, "offcpu_exporter_sink_sent_total", "sink") == {"skywalking": 12}
+    assert by(text, "offcpu_exporter_sink_dropped_total", "sink") == {"skywalking": 0}
     assert by(text, "offcpu_exporter_sink_retried_total", "sink")["skywalking"] == 2
-    assert by(text, "offcpu_exporter_cardinality_overflow_total", "what") == {
-        "threads": 1,
-        "processes": 0,
-        "stacks": 0,
-    }
+    assert by(text, "offcpu_exporter_cardinality_overflow_total", "what") == {"processes": 0, "stacks": 0}
     info = samples(text, "offcpu_exporter_build_info")[0][0]
     assert info["bcc"] == "0.26.0" and info["version"]
 

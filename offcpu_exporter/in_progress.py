@@ -1,0 +1,151 @@
+"""Blocks still going on: counted as they happen, not only when they end.
+
+The kernel charges a block when the thread runs again. A thread stuck for minutes (in D state, on a
+lock, in a long sleep) would show nothing until it wakes, and then everything at once, in whatever
+interval it happened to wake. So at each flush, the time of every block in progress is counted up
+to the flush, and the kernel is told, per thread, from when the rest of that block counts: a
+*mark* (tid -> block start, counted until) in the `marks` map, which the BPF program reads at the
+switch-in (bpf/offcpu.bpf.c, switch_in()).
+
+Writing a mark races with the block's end. The protocol, with T the flush's time:
+  1. read the blocks in progress (the `start` map);
+  2. write a mark (start, T) for each;
+  3. read them again. A block still there at 3 is still going on: whenever it ends, the kernel
+     finds the mark and counts from T, so [previous mark, T] is ours to count. A block gone at 3
+     ended in between: if its mark is still in the map, the kernel ended it before the mark was
+     written (it counted from the previous mark; ours is stale and is deleted); if the mark is gone,
+     the kernel consumed it (it counts from T, and [previous mark, T] is ours).
+Nothing is counted twice and nothing is missed, whatever the interleaving.
+
+Threads that were already off CPU when they became watched are *seeded*: their block is stored
+with the time watching began, so a thread stuck since before the exporter started shows up too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from offcpu_exporter.probe import layout
+from offcpu_exporter.probe.loader import Probe, StartEntry, ktime_ns
+from offcpu_exporter.snapshot import Reason
+
+__all__ = ["Credit", "InProgress"]
+
+log = logging.getLogger(__name__)
+
+# /proc/PID/task/TID/stat state letters of threads that are off CPU and not runnable.
+_SEED_REASONS = {
+    "S": Reason.SLEEPING,
+    "I": Reason.SLEEPING,  # TASK_IDLE
+    "D": Reason.UNINTERRUPTIBLE,
+    "T": Reason.OTHER,
+    "t": Reason.OTHER,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """Time of a block in progress counted by this flush."""
+
+    tid: int
+    block: StartEntry
+    ns: int
+
+
+class InProgress:
+    """The marks protocol's user half: what has been counted of each block in progress."""
+
+    def __init__(self, probe: Probe, *, proc_root: str = "/proc") -> None:
+        self.probe = probe
+        self.proc_root = proc_root
+        self._counted: dict[int, tuple[int, int]] = {}  # tid -> (block start, counted until)
+
+    def credit(self, at_ns: int) -> tuple[list[Credit], dict[int, StartEntry]]:
+        """Count every block in progress up to `at_ns` (CLOCK_MONOTONIC). Returns the credits and
+        the blocks in progress afterwards (tid -> block)."""
+        probe = self.probe
+        before = probe.read_starts()
+        if not probe.config.in_progress_credit:
+            return [], before
+        min_ns = probe.config.min_block_ns
+        # A block shorter than --min-block so far may yet end below it and not count at all.
+        eligible = {tid: b for tid, b in before.items() if b.ts_ns < at_ns and at_ns - b.ts_ns >= min_ns}
+        marks = {tid: (b.ts_ns, at_ns) for tid, b in eligible.items()}
+        probe.write_marks(marks)
+        after = probe.read_starts()
+        ended = [tid for tid, mark in marks.items() if (b := after.get(tid)) is None or b.ts_ns != mark[0]]
+        left = probe.read_marks() if ended else {}
+        stale = []
+        credits = []
+        for tid, block in eligible.items():
+            start, until = self._counted.get(tid, (0, 0))
+            since = until if start == block.ts_ns else block.ts_ns
+            if tid in ended and left.get(tid) == marks[tid]:
+                stale.append(tid)  # ended before the mark was written: counted by the kernel from `since`
+                continue
+            if at_ns > since:
+                credits.append(Credit(tid, block, at_ns - since))
+            self._counted[tid] = (block.ts_ns, at_ns)
+        probe.delete_marks(stale)
+        for tid in [tid for tid in self._counted if tid not in eligible or tid in ended]:
+            del self._counted[tid]
+        probe.set_marks_active(bool(self._counted))
+        return credits, after
+
+    # -- seeding ---------------------------------------------------------------------------
+
+    def seed(self, tgid: int) -> int:
+        """Store the blocks of `tgid`'s threads that are off CPU now (the probe saw them begin
+        before it watched the process, or not at all); returns how many were stored."""
+        seeded = 0
+        for tid in self._threads(tgid):
+            seeded += self._seed_thread(tgid, tid)
+        return seeded
+
+    def _threads(self, tgid: int) -> Iterator[int]:
+        try:
+            names = os.listdir(f"{self.proc_root}/{tgid}/task")
+        except OSError:
+            return
+        for name in names:
+            if name.isdigit():
+                yield int(name)
+
+    def _seed_thread(self, tgid: int, tid: int) -> int:
+        before = self._thread_state(tgid, tid)
+        if before is None or before[0] not in _SEED_REASONS:
+            return 0  # running or runnable (the probe sees its next switch-out), or gone
+        block = StartEntry(ktime_ns(), tgid, _SEED_REASONS[before[0]].value, layout.STACK_SEEDED,
+                           layout.STACK_SEEDED, 1)
+        if not self.probe.seed_start(tid, block):
+            return 0  # the probe has seen it switch out already
+        after = self._thread_state(tgid, tid)
+        if after != before:
+            # It ran in between (its run count moved, or its state changed): the seeded block is
+            # not the one it is in, if any. Taken back unless the kernel replaced it already.
+            self.probe.unseed_start(tid, block.ts_ns)
+            return 0
+        return 1
+
+    def _thread_state(self, tgid: int, tid: int) -> tuple[str, int] | None:
+        """(state letter, times it was switched in) of a thread off CPU, or None if it is gone or
+        not really off CPU: a thread that set its sleep state but has not left the CPU yet (it may
+        never do so, when what it waits for comes first) reads as sleeping in `stat`, but is still
+        on its run queue, and `wchan` is "0" for such a thread (get_wchan() in kernel/sched/core.c)."""
+        base = f"{self.proc_root}/{tgid}/task/{tid}"
+        try:
+            with open(f"{base}/stat", encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+            with open(f"{base}/schedstat", encoding="ascii") as f:
+                runs = int(f.read().split()[2])
+            with open(f"{base}/wchan", encoding="ascii", errors="replace") as f:
+                wchan = f.read().strip()
+        except (OSError, ValueError, IndexError):
+            return None
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if not fields or wchan in ("", "0"):
+            return None
+        return fields[0], runs

@@ -1,0 +1,136 @@
+"""Nothing lost, every window exact: the real probe against workloads whose blocking is known.
+
+- Exited threads leave nothing in the kernel's maps (their last switch-out is their exit).
+- A block still going on is counted as it lasts, and its total is still the truth once it ends.
+- A window that ends (record's duration, a final flush) covers exactly that window: a thread
+  blocked all along shows the window's length, never more.
+The kernel matrix runs this file in kprobe and tracepoint mode (OFFCPU_ATTACH).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from offcpu_exporter.formats import Accumulator
+from offcpu_exporter.probe import layout
+from offcpu_exporter.probe.loader import Probe, ProbeConfig, ktime_ns
+from offcpu_exporter.snapshot import ZERO, Counter, Reason, Snapshot
+from tests.support.inprocess import ATTACH, FLUSH_TIMEOUT, running_pipeline
+from tests.support.workloads import Workload
+
+pytestmark = pytest.mark.kernel
+
+EMULATED = "OFFCPU_GUEST_KERNEL" in os.environ
+TIME = 0.10 if EMULATED else 0.05  # off-CPU time against the workload's own timing
+WINDOW = 0.05 if EMULATED else 0.01  # a window's figures against its length
+
+
+def _of_thread(snap: Snapshot, tid: int) -> Counter:
+    return sum((s.total for s in snap.samples if s.tid == tid), ZERO)
+
+
+def _sleeping(snap: Snapshot, pid: int) -> tuple[int, float]:
+    """(threads off CPU sleeping now, the longest's seconds so far) of process `pid`."""
+    view = next(v for k, v in snap.processes.items() if k.pid == pid)
+    blocked = view.blocked.get(Reason.SLEEPING)
+    return (blocked.threads, blocked.longest_seconds) if blocked else (0, 0.0)
+
+
+def test_exited_threads_leave_nothing_in_the_kernel(probe: Probe) -> None:
+    threads = 300 if EMULATED else 3000
+    with (Workload("churn", iterations=threads, interval_ms=1) as w,
+          running_pipeline(pids=(w.pid,), probe=probe) as p):
+        w.go()
+        w.wait()
+        snap = p.flush_now(FLUSH_TIMEOUT)
+        left = [tid for tid, block in probe.read_starts().items() if block.tgid == w.pid]
+        marks = probe.read_marks()
+    # Each thread slept once before it exited: every sleep was counted (the main thread's joins too).
+    sleeps = sum(s.total.count for s in snap.samples
+                 if s.process.pid == w.pid and any(f.name == "offcpu_sleep_ms" for f in s.stack.user))
+    assert sleeps == pytest.approx(threads, abs=2)
+    assert left == [], f"{len(left)} exited threads still hold a switch-out"
+    assert set(marks) <= set(probe.read_starts()), "marks of threads that are gone"
+    assert snap.health.map_entries[layout.MAP_START] < 100
+
+
+def test_a_long_block_is_counted_while_it_lasts_and_once(probe: Probe) -> None:
+    block_ms = 3000
+    with (Workload("sleep", threads=1, iterations=1, interval_ms=block_ms) as w,
+          running_pipeline(pids=(w.pid,), probe=probe, flush_interval=0.5) as p):
+        w.go()
+        went = time.monotonic()
+        time.sleep(1.5)
+        during = p.flush_now(FLUSH_TIMEOUT)
+        elapsed = time.monotonic() - went
+        result = w.wait()
+        time.sleep(0.1)
+        after = p.flush_now(FLUSH_TIMEOUT)
+    # Halfway: the sleeper and the main thread (joining it) are off CPU, and counted so far.
+    threads, longest = _sleeping(during, w.pid)
+    assert threads >= 2 and longest == pytest.approx(elapsed, rel=TIME, abs=0.05)
+    process = next(v for k, v in during.processes.items() if k.pid == w.pid)
+    so_far = process.by_reason.get(Reason.SLEEPING, ZERO)
+    assert so_far.seconds >= 2 * elapsed * (1 - TIME)  # both threads' time up to the flush
+    if ATTACH != "kprobe":  # stacks captured at switch-out: the block's own stack has its time
+        named = [s for s in during.samples if any(f.name == "offcpu_sleep_ms" for f in s.stack.user)]
+        assert sum(s.total.seconds for s in named) == pytest.approx(elapsed, rel=TIME, abs=0.05)
+    # Once it ended: its whole time, once, in one block.
+    thread = result.threads[0]
+    sleeper = _of_thread(after, thread.tid)
+    marks = [s for s in after.samples if s.tid == thread.tid
+             and any(f.name == "offcpu_window_mark" for f in s.stack.user)]
+    assert (sleeper - sum((s.total for s in marks), ZERO)).ns == pytest.approx(thread.blocked_off_ns, rel=TIME)
+    assert _sleeping(after, w.pid) == (0, 0.0)
+
+
+def test_a_window_covers_exactly_its_time() -> None:
+    """What `record --duration D` does: the window is [attach, attach + D]; threads blocked all
+    along (since before the probe was attached) show D each, never more."""
+    window_s = 3.0
+    config = ProbeConfig(attach=ATTACH, per_thread=True)
+    with Workload("sleep", threads=2, iterations=1, interval_ms=int((window_s + 60) * 1000)) as w:
+        w.go()
+        time.sleep(0.2)  # both sleepers (and the main thread, joining) are off CPU now
+        with running_pipeline(pids=(w.pid,), probe_config=config, flush_interval=1.0) as p:
+            end = p.probe.attached_ktime_ns + int(window_s * 1e9)
+            p.end_window_at(end)
+            seen: list[Snapshot] = []
+            p.sinks = [_Collect(seen)]
+            time.sleep(max(0.0, (end - ktime_ns()) / 1e9) + 0.5)  # the window ended a while ago
+        tids = [int(t) for t in os.listdir(f"/proc/{w.pid}/task")]
+    last = seen[-1]
+    profile = _profile(seen)
+    assert profile.duration_ns == pytest.approx(window_s * 1e9, abs=2e6)
+    for tid in tids:
+        off = _of_thread(last, tid).seconds
+        # Seeded when the pipeline first synced its targets, a moment after the attach.
+        assert window_s * (1 - WINDOW) <= off <= window_s * (1 + 1e-4), (tid, off)
+    total = sum((s.value for s in profile.samples if s.process.pid == w.pid), ZERO)
+    assert total.seconds == pytest.approx(len(tids) * window_s, rel=WINDOW)
+
+
+class _Collect:
+    name = "collect"
+
+    def __init__(self, into: list[Snapshot]) -> None:
+        from offcpu_exporter.sinks import SinkStats
+
+        self.stats = SinkStats()
+        self._into = into
+
+    def publish(self, snapshot: Snapshot) -> None:
+        self._into.append(snapshot)
+
+    def close(self, timeout: float) -> None:
+        pass
+
+
+def _profile(snapshots: list[Snapshot]):  # type: ignore[no-untyped-def]
+    acc = Accumulator()
+    for snap in snapshots:
+        acc.add(snap)
+    return acc.profile()
