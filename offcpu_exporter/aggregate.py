@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Protocol
@@ -36,6 +36,7 @@ from offcpu_exporter.snapshot import (
     Snapshot,
     Stack,
     StackSample,
+    ThreadView,
 )
 from offcpu_exporter.symbols import UNKNOWN as _UNMAPPED  # the frame of an address in no mapping
 from offcpu_exporter.targets import ProcessTable
@@ -385,6 +386,7 @@ class Aggregator:
             info = self.processes.info(pid)
             if info is not None:
                 self._infos[info.key] = info
+        threads = _thread_views(samples)
         views: dict[ProcessKey, ProcessView] = {}
         for pkey in set(self._infos) | set(per_process):
             info = self.processes.info_of(pkey) or self._infos.get(pkey) or ProcessInfo(pkey, "[exited]", exited=True)
@@ -394,7 +396,8 @@ class Aggregator:
             slots = hist.get(pkey.pid) if current is not None and current.key == pkey else None
             views[pkey] = ProcessView(info=info, total=sum(by_reason.values(), ZERO),
                                       by_reason=MappingProxyType(dict(by_reason)),
-                                      histogram=tuple(slots) if slots else ())
+                                      histogram=tuple(slots) if slots else (),
+                                      threads=MappingProxyType(threads.get(pkey, {})))
 
         health = self._health(duration, counts_entries=len(self._keys))
         snapshot = Snapshot(
@@ -455,6 +458,22 @@ def _without_probe_frames(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
     while i < len(frames) - 1 and frames[i].name.startswith(_PROBE_FRAME_PREFIXES):
         i += 1
     return frames[i:]
+
+
+def _thread_views(samples: Iterable[StackSample]) -> dict[ProcessKey, dict[int, ThreadView]]:
+    """Each process's per-thread totals, summed from its per-thread stack totals (samples with a tid)."""
+    sums: dict[ProcessKey, dict[int, tuple[str, dict[Reason, Counter]]]] = {}
+    for s in samples:
+        if s.tid:
+            _, by_reason = sums.setdefault(s.process, {}).setdefault(s.tid, (s.thread_name, {}))
+            by_reason[s.reason] = by_reason.get(s.reason, ZERO) + s.total
+    return {
+        pkey: {
+            tid: ThreadView(tid, name, sum(by_reason.values(), ZERO), MappingProxyType(by_reason))
+            for tid, (name, by_reason) in threads.items()
+        }
+        for pkey, threads in sums.items()
+    }
 
 
 def _thread_name(tgid: int, tid: int) -> str:

@@ -26,6 +26,7 @@ __all__ = [
     "Snapshot",
     "Stack",
     "StackSample",
+    "ThreadView",
 ]
 
 
@@ -247,6 +248,16 @@ HISTOGRAM_BUCKETS_US: tuple[int, ...] = tuple(1 << i for i in range(26))
 
 
 @dataclass(frozen=True, slots=True)
+class ThreadView:
+    """One thread's cumulative totals (only with --per-thread; `name` is its comm when first seen)."""
+
+    tid: int
+    name: str
+    total: Counter
+    by_reason: Mapping[Reason, Counter]
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessView:
     info: ProcessInfo
     total: Counter
@@ -254,6 +265,8 @@ class ProcessView:
     # Cumulative non-cumulative-bucket counts: histogram[i] = blocks with duration in slot i
     # (slot i covers [2^(i-1), 2^i) us; the last slot also takes everything longer).
     histogram: tuple[int, ...] = ()
+    # tid -> totals; empty when summing per process (without --per-thread)
+    threads: Mapping[int, ThreadView] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)

@@ -234,3 +234,32 @@ def test_before_the_first_flush_the_snapshot_says_the_probe_is_attached(proc: Pa
     assert first is agg.latest and first.sequence == 0 and not first.samples
     assert (health.probe_attached, health.attach_mode, health.targets) == (True, "tracepoint", 1)
     assert health.map_capacity and health.flushes == 0
+
+
+def test_per_thread_totals_are_in_the_process_view(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aggregate, "_thread_name", lambda tgid, tid: f"worker-{tid}")
+    kernel = KernelMaps()
+    kernel.stacks = {1: (0x10,), 2: (0xA,), 3: (0x20,)}
+    agg = _aggregator(proc, kernel)
+    kernel.counts[(42, 100, 1, 2, Reason.SLEEPING.value)] = (3, 3_000)
+    kernel.counts[(42, 100, 3, 2, Reason.RUNNABLE.value)] = (1, 50)
+    kernel.counts[(42, 101, 1, 2, Reason.SLEEPING.value)] = (2, 700)
+    agg.flush()
+    kernel.counts[(42, 101, 1, 2, Reason.SLEEPING.value)] = (5, 1_700)
+    view = next(iter(agg.flush().processes.values()))
+    assert set(view.threads) == {100, 101}
+    first, second = view.threads[100], view.threads[101]
+    assert (first.tid, first.name, second.name) == (100, "worker-100", "worker-101")
+    assert first.total == Counter(4, 3_050)
+    assert dict(first.by_reason) == {Reason.SLEEPING: Counter(3, 3_000), Reason.RUNNABLE: Counter(1, 50)}
+    assert second.total == Counter(5, 1_700)  # cumulative, like the process's
+    assert first.total + second.total == view.total
+
+
+def test_without_thread_ids_the_process_view_has_no_threads(proc: Path) -> None:
+    kernel = KernelMaps()
+    kernel.stacks = {1: (0x10,), 2: (0xA,)}
+    agg = _aggregator(proc, kernel)
+    kernel.counts[KEY] = (3, 3_000)
+    view = next(iter(agg.flush().processes.values()))
+    assert view.total == Counter(3, 3_000) and not view.threads
