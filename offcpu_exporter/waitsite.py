@@ -144,7 +144,9 @@ def role(frame: Frame) -> FrameRole:
     name = frame.name
     if frame.kind is not FrameKind.JIT:
         base = _normalized(name)
-        if base in _WRAPPER_NAMES or base.startswith(_WRAPPER_PREFIXES) or name.startswith(_WRAPPER_PREFIXES):
+        # Rust names its impls <Type>::method and <Type as Trait>::method: the type decides.
+        qualified = name.lstrip("<")
+        if base in _WRAPPER_NAMES or base.startswith(_WRAPPER_PREFIXES) or qualified.startswith(_WRAPPER_PREFIXES):
             return FrameRole.WRAPPER
     if _RUNTIME_NAMES.match(name):
         return FrameRole.RUNTIME

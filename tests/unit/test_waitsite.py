@@ -53,6 +53,9 @@ def user(*frames: Frame) -> Stack:
                 "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"), FrameRole.WRAPPER),
         (native("std::mutex::lock()"), FrameRole.WRAPPER),
         (native("std::thread::sleep"), FrameRole.WRAPPER),
+        (native("<std::thread::thread::Thread>::park_timeout"), FrameRole.WRAPPER),
+        (native("<std::sync::mpmc::Receiver<alloc::string::String>>::recv"), FrameRole.WRAPPER),
+        (native("<myapp::Feed as std::io::Read>::read"), FrameRole.APPLICATION),  # the program's impl
         (native("runtime.futex", "/usr/bin/goapp"), FrameRole.WRAPPER),
         (native("uv__io_poll", "/usr/bin/node"), FrameRole.WRAPPER),
         # Interpreters' own code, by module and by name.
