@@ -133,7 +133,8 @@ def _normalized(name: str) -> str:
     return _GLIBC_ALIAS.sub("", name).lstrip("_")
 
 
-@lru_cache(maxsize=65536)
+# Bounded caches: only the top-K stacks of each process are labelled (2,000 at the defaults).
+@lru_cache(maxsize=16384)
 def role(frame: Frame) -> FrameRole:
     """The frame's role in deciding the wait site (the table in this module's docstring)."""
     if frame.kind is FrameKind.PLACEHOLDER:
@@ -169,7 +170,7 @@ def wait_site(stack: Stack, frames: int = CALL_PATH_FRAMES) -> WaitSite:
     return _wait_site(stack.user, frames)
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)
 def _wait_site(user: tuple[Frame, ...], frames: int) -> WaitSite:
     if not user:
         return WaitSite(NO_USER_STACK, NO_USER_STACK)
