@@ -19,6 +19,7 @@
  * the call), its calls, and its wall and on-CPU time from its first to its last instruction of work.
  */
 #define _GNU_SOURCE
+#include <getopt.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -127,25 +128,27 @@ static void *thread_main(void *arg)
 
 int main(int argc, char **argv)
 {
-	int wait_go = 0;
-	if (argc < 2 || strcmp(argv[1], "paths")) {
+	static const struct option options[] = {
+		{ "threads", required_argument, NULL, 't' },
+		{ "iterations", required_argument, NULL, 'n' },
+		{ "interval-ms", required_argument, NULL, 'i' },
+		{ "wait-go", no_argument, NULL, 'g' },
+		{ 0 },
+	};
+	int wait_go = 0, opt;
+	while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+		switch (opt) {
+		case 't': per_path = atoi(optarg); break;
+		case 'n': iterations = atoi(optarg); break;
+		case 'i': interval_ms = atoi(optarg); break;
+		case 'g': wait_go = 1; break;
+		default: return 2; /* getopt printed why */
+		}
+	}
+	if (optind != argc - 1 || strcmp(argv[optind], "paths")) {
 		fprintf(stderr, "usage: %s paths [--threads N] [--iterations N] [--interval-ms MS] [--wait-go]\n",
 			argv[0]);
 		return 2;
-	}
-	for (int i = 2; i < argc; i++) {
-		if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-			per_path = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--iterations") && i + 1 < argc)
-			iterations = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--interval-ms") && i + 1 < argc)
-			interval_ms = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--wait-go"))
-			wait_go = 1;
-		else {
-			fprintf(stderr, "unknown argument %s\n", argv[i]);
-			return 2;
-		}
 	}
 	if (per_path < 1 || per_path > MAX_PER_PATH) {
 		fprintf(stderr, "--threads must be 1..%d\n", MAX_PER_PATH);
