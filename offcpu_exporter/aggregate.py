@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol
@@ -45,6 +45,7 @@ from offcpu_exporter.snapshot import (
     Snapshot,
     Stack,
     StackSample,
+    ThreadView,
 )
 from offcpu_exporter.symbols import UNKNOWN as _UNMAPPED  # the frame of an address in no mapping
 from offcpu_exporter.targets import ProcessTable
@@ -600,6 +601,7 @@ class Aggregator:
             if info is not None:
                 self._infos[info.key] = info
         off_cpu = self._blocked_now(blocked, at_ktime)
+        threads = _thread_views(samples)
         views: dict[ProcessKey, ProcessView] = {}
         for pkey in set(self._infos) | set(per_process):
             info = self.processes.info_of(pkey) or self._infos.get(pkey) or ProcessInfo(pkey, "[exited]", exited=True)
@@ -608,7 +610,8 @@ class Aggregator:
             views[pkey] = ProcessView(info=info, total=sum(by_reason.values(), ZERO),
                                       by_reason=MappingProxyType(dict(by_reason)),
                                       histogram=tuple(slots) if slots else (),
-                                      blocked=MappingProxyType(off_cpu.get(pkey, {})))
+                                      blocked=MappingProxyType(off_cpu.get(pkey, {})),
+                                      threads=MappingProxyType(threads.get(pkey, {})))
 
         health = self._health(duration, counts=len(self._keys), start=len(blocked))
         snapshot = Snapshot(
@@ -712,6 +715,22 @@ def _lost_halves(user_id: int, kernel_id: int, stack: Stack) -> list[str]:
         elif frames == _RECLAIMED:
             out.append(f"{half}:RECLAIMED")
     return out
+
+
+def _thread_views(samples: Iterable[StackSample]) -> dict[ProcessKey, dict[int, ThreadView]]:
+    """Each process's per-thread totals, summed from its per-thread stack totals (samples with a tid)."""
+    sums: dict[ProcessKey, dict[int, tuple[str, dict[Reason, Counter]]]] = {}
+    for s in samples:
+        if s.tid:
+            _, by_reason = sums.setdefault(s.process, {}).setdefault(s.tid, (s.thread_name, {}))
+            by_reason[s.reason] = by_reason.get(s.reason, ZERO) + s.total
+    return {
+        pkey: {
+            tid: ThreadView(tid, name, sum(by_reason.values(), ZERO), MappingProxyType(by_reason))
+            for tid, (name, by_reason) in threads.items()
+        }
+        for pkey, threads in sums.items()
+    }
 
 
 def _thread_name(tgid: int, tid: int) -> str:

@@ -27,6 +27,7 @@ __all__ = [
     "Snapshot",
     "Stack",
     "StackSample",
+    "ThreadView",
 ]
 
 
@@ -261,6 +262,16 @@ class Blocked:
 
 
 @dataclass(frozen=True, slots=True)
+class ThreadView:
+    """One thread's cumulative totals (only with --per-thread; `name` is its comm when first seen)."""
+
+    tid: int
+    name: str
+    total: Counter
+    by_reason: Mapping[Reason, Counter]
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessView:
     info: ProcessInfo
     total: Counter
@@ -269,6 +280,8 @@ class ProcessView:
     # (slot i covers [2^(i-1), 2^i) us; the last slot also takes everything longer).
     histogram: tuple[int, ...] = ()
     blocked: Mapping[Reason, Blocked] = field(default_factory=dict)  # off CPU at the snapshot
+    # tid -> totals; empty when summing per process (without --per-thread)
+    threads: Mapping[int, ThreadView] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from tests.support.grafana_dashboard import FIXED_METRICS, base_name, load, metric_names, queries
 
 
@@ -33,7 +35,7 @@ def test_variables_cover_instance_namespace_pod_process_and_datasources() -> Non
     variables = {v["name"]: v for v in load()["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     assert variables["pyroscope"]["query"] == "grafana-pyroscope-datasource"
-    assert {"instance", "namespace", "pod", "comm", "pid", "stack_id"} <= set(variables)
+    assert {"instance", "namespace", "pod", "container", "comm", "pid", "stack_id"} <= set(variables)
     for panel in load()["panels"]:
         if panel["type"] not in ("row", "flamegraph"):
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
@@ -70,3 +72,20 @@ def test_layout_has_no_overlapping_panels() -> None:
                     cells[(x, y)] = panel["title"]
     ids = [p["id"] for group in groups for p in group]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
+
+
+def test_process_and_stack_panels_follow_the_identity_variables() -> None:
+    # The stack series carry the process's namespace/pod/container: every panel of per-process and
+    # per-stack metrics narrows by them, so that picking a pod narrows the stacks too.
+    identity = ('namespace=~"$namespace"', 'pod=~"$pod"', 'container=~"$container"')
+    per_process = ("offcpu_seconds_total", "offcpu_switches_total", "offcpu_stack_seconds_total",
+                   "offcpu_stack_switches_total", "offcpu_block_duration_seconds_bucket")
+    checked = 0
+    for query in queries(load()):
+        for selector in re.findall(r"\b(" + "|".join(per_process) + r")\{([^}]*)\}", query.expr):
+            checked += 1
+            missing = [m for m in identity if m not in selector[1]]
+            if query.where in ("variable namespace", "variable pod", "variable container"):
+                continue  # each asks for the values of its own label, narrowed by the ones before it
+            assert not missing, f"{query.where}: {selector[0]} not narrowed by {missing}"
+    assert checked >= 15

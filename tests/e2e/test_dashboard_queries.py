@@ -2,10 +2,11 @@
 package) that scraped a real `offcpu-exporter serve` watching workloads, returns data.
 
 The dashboard variables are resolved the way Grafana does: each label_values() variable is asked of
-Prometheus in order (instance, namespace, pod, comm, pid, stack_id), multi-value "All" becomes the
+Prometheus in order (instance, namespace, pod, container, comm, pid, stack_id), multi-value "All" becomes the
 regex of the values (or the variable's allValue), and $__rate_interval / $__range become windows.
 One workload runs in a kubelet-shaped cgroup of a pod that a fake Kubernetes API (TLS, token) knows,
-so the namespace/pod variables and labels are real too; the others are plain host processes.
+so the namespace/pod/container variables and labels are real too; the others are plain host processes.
+The exporter runs with --per-thread, so the per-thread panel has threads to show.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tests.support.workloads import Workload
 pytestmark = pytest.mark.kernel
 
 RATE_INTERVAL = "10s"
-VARIABLE_ORDER = ("instance", "namespace", "pod", "comm", "pid", "stack_id")
+VARIABLE_ORDER = ("instance", "namespace", "pod", "container", "comm", "pid", "stack_id")
 POD_UID = str(uuid.uuid4())
 CONTAINER_ID = uuid.uuid4().hex + uuid.uuid4().hex
 
@@ -123,7 +124,8 @@ def test_every_dashboard_query_returns_data(tmp_path: Path, pod_cgroup: Path) ->
                 Workload("mutex", threads=2, iterations=3000, interval_ms=5) as locker:
             (pod_cgroup / "cgroup.procs").write_text(str(web.pid))
             args = ["--pid", str(web.pid), "--pid", str(piper.pid), "--pid", str(locker.pid),
-                    "--flush-interval", "0.5", "--kubernetes-service-account-dir", str(api.service_account)]
+                    "--flush-interval", "0.5", "--per-thread",
+                    "--kubernetes-service-account-dir", str(api.service_account)]
             with ExporterProcess(args, env=api.environ) as exporter:
                 prom = PrometheusServer(tmp_path, scrape_config("offcpu", f"127.0.0.1:{exporter.port}"))
                 try:
@@ -149,12 +151,26 @@ def test_every_dashboard_query_returns_data(tmp_path: Path, pod_cgroup: Path) ->
     assert len(results) >= 20
     # The variables list what runs: the three workloads, their stacks, and the pod's names from the API.
     assert {str(web.pid), str(piper.pid), str(locker.pid)} <= set(options["pid"])
-    assert options["namespace"] == ["shop"] and options["pod"] == ["web-0"]
+    assert options["namespace"] == ["shop"] and options["pod"] == ["web-0"] and options["container"] == ["app"]
     assert options["stack_id"] and options["instance"] == [f"127.0.0.1:{exporter.port}"]
     assert shop_options["pid"] == [str(web.pid)]
     by_process = shop_results["Off-CPU time by process / A"]
     assert [r["metric"]["pid"] for r in by_process] == [str(web.pid)]
     assert by_process[0]["metric"]["namespace"] == "shop" and by_process[0]["metric"]["pod"] == "web-0"
+    # The stack panels follow the identity variables too: only the pod's process, with its pod's labels,
+    # and the workload's own function as where it waited.
+    shop_stacks = shop_results["Top stacks / A"]
+    assert {r["metric"]["pid"] for r in shop_stacks} == {str(web.pid)}
+    assert all(r["metric"]["pod"] == "web-0" for r in shop_stacks)
+    waited = {r["metric"]["app_function"] for r in shop_results["Where the application waited / A"]}
+    assert "offcpu_sleep_ms" in waited
+    assert any(r["metric"]["call_path"].endswith(";sleep_worker;offcpu_sleep_ms")
+               for r in shop_results["Call paths / A"])
+    assert shop_options["stack_id"] and set(shop_options["stack_id"]) < set(options["stack_id"])
+    # Per thread: the pod's two sleeping threads by id and name, each off CPU nearly all the time.
+    by_thread = {r["metric"].get("tid"): float(r["values"][-1][1]) for r in shop_results["Off-CPU time by thread / A"]}
+    workers = {tid: v for tid, v in by_thread.items() if tid not in ("other", str(web.pid))}
+    assert len(workers) == 2 and all(v == pytest.approx(1.0, rel=0.10) for v in workers.values()), by_thread
     # A figure, not only data: the pod's two threads sleep nearly all the time and its main thread waits
     # in pthread_join all along (counted while it lasts), so the "blocked threads" stat shows about 3
     # (Prometheus' rate() over the last 10 s of a 14 s run).

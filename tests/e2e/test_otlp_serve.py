@@ -145,7 +145,9 @@ def test_profiles_and_metrics_match_the_workload_and_metrics_page(protocol: str,
         for p in final
         if p.name == "offcpu.time" and p.attributes["process.pid"] == w.pid
     }
-    prom_time = {dict(k)["reason"]: v for k, v in _prometheus(page, "offcpu_seconds_total", w.pid).items()}
+    prom_time: dict[str, float] = {}  # with --per-thread, one series per thread and reason: summed
+    for k, v in _prometheus(page, "offcpu_seconds_total", w.pid).items():
+        prom_time[dict(k)["reason"]] = prom_time.get(dict(k)["reason"], 0.0) + v
     assert otlp_time.keys() == prom_time.keys()
     for reason, value in prom_time.items():
         assert otlp_time[reason] == pytest.approx(value, rel=1e-6, abs=1e-9), reason

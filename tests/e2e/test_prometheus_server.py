@@ -121,6 +121,8 @@ def promtool_check(body: bytes) -> None:
         (["--web.config.file", "/nonexistent/web.yml"], "cannot read web config file /nonexistent/web.yml"),
         (["--web.listen-address", "127.0.0.1"], "expected host:port"),
         (["--prometheus.top-stacks", "-1"], "must not be negative"),
+        (["--prometheus.top-threads", "-1"], "must not be negative"),
+        (["--prometheus.call-path-frames", "0"], "--prometheus.call-path-frames: must be positive"),
     ],
 )
 def test_bad_web_and_prometheus_options_exit_2_with_one_line(args: list[str], message: str) -> None:

@@ -9,7 +9,7 @@ were written against (so they are not merged into one set):
   a process with Kubernetes metadata (OTLP tests);
 - WORKLOAD, OTHER, WORKLOAD_* with `workload_snapshot`, `make_before`, `make_after`: frames like
   those of tests/workloads/offcpu_workload.c (profile format and pprof tests).
-`Builder` accumulates totals across snapshots (Prometheus tests); `many_process_snapshot`,
+`Builder` accumulates totals across snapshots, per thread too (Prometheus tests); `many_process_snapshot`,
 `snapshot_history` and `scrape_snapshot` make large hosts for the benchmarks.
 """
 
@@ -31,6 +31,7 @@ from offcpu_exporter.snapshot import (
     Snapshot,
     Stack,
     StackSample,
+    ThreadView,
 )
 
 SEC = 1_000_000_000
@@ -443,17 +444,24 @@ class Builder:
         self.sequence += 1
         self.time_ns += 5 * SEC
         samples = tuple(
-            StackSample(pk, tid, "t", reason, st, total, Counter())
+            StackSample(pk, tid, f"t{tid}" if tid else "", reason, st, total, Counter())
             for (pk, tid, reason, st), total in self.totals.items()
         )
         views = {}
         for pk, info in self.infos.items():
             mine = [s for s in samples if s.process == pk]
             by_reason: dict[Reason, Counter] = {}
+            by_thread: dict[int, dict[Reason, Counter]] = {}
             for s in mine:
                 by_reason[s.reason] = by_reason.get(s.reason, Counter()) + s.total
+                if s.tid:
+                    mine_t = by_thread.setdefault(s.tid, {})
+                    mine_t[s.reason] = mine_t.get(s.reason, Counter()) + s.total
             total = sum((s.total for s in mine), Counter())
-            views[pk] = ProcessView(info, total, MappingProxyType(by_reason), tuple(self.hist.get(pk, ())))
+            threads = {tid: ThreadView(tid, f"t{tid}", sum(r.values(), Counter()), MappingProxyType(r))
+                       for tid, r in by_thread.items()}
+            views[pk] = ProcessView(info, total, MappingProxyType(by_reason), tuple(self.hist.get(pk, ())),
+                                    threads=MappingProxyType(threads))
         return Snapshot(
             self.sequence,
             self.time_ns,

@@ -1,4 +1,5 @@
-"""Builds and runs tests/workloads/offcpu_workload.c: processes with known blocking."""
+"""Builds and runs the programs of tests/workloads/ (offcpu_workload.c by default): processes with known
+blocking."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,14 @@ class ThreadResult:
     blocked_ns: int
     calls: int
     blocked_off_ns: int  # the part of blocked_ns spent off CPU (minus the thread's CPU time in the calls)
-    blocks: int  # calls that had to wait: each left the CPU once (a pipe byte already there does not)
     wall_ns: int
     oncpu_ns: int
-    runq_ns: int
-    switches: int  # times switched in between the two schedstat reads (schedstat field 3)
-    hist: list[int]  # its blocking calls per duration slot (sleep mode), slots as offcpu_exporter/bpf/offcpu.h
+    # Measured by offcpu_workload.c only:
+    blocks: int = 0  # calls that had to wait: each left the CPU once (a pipe byte already there does not)
+    runq_ns: int = 0
+    switches: int = 0  # times switched in between the two schedstat reads (schedstat field 3)
+    hist: list[int] = field(default_factory=list)  # blocking calls per duration slot (sleep mode), as offcpu.h
+    name: str = ""  # the thread's name, where the workload sets one (wait_sites.c)
 
 
 @dataclass

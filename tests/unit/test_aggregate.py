@@ -373,3 +373,30 @@ def test_a_reused_pid_gives_the_kernel_counters_and_histogram_to_the_old_process
     assert totals[new] == Counter(1, 50)
     assert snap.processes[old].histogram[5] == 3
     assert snap.processes[new].histogram[7] == 1 and snap.processes[new].histogram[5] == 0
+
+
+def test_per_thread_totals_are_in_the_process_view(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aggregate, "_thread_name", lambda tgid, tid: f"worker-{tid}")
+    kernel = _kernel(per_thread=True)
+    agg = _aggregator(proc, kernel)
+    kernel.counts[key(42, U1, K1, Reason.SLEEPING.value, tid=100)] = exact(3, 3_000)
+    kernel.counts[key(42, U2, K1, Reason.RUNNABLE.value, tid=100)] = exact(1, 50)
+    kernel.counts[key(42, U1, K1, Reason.SLEEPING.value, tid=101)] = exact(2, 700)
+    agg.flush()
+    kernel.counts[key(42, U1, K1, Reason.SLEEPING.value, tid=101)] = exact(5, 1_700)
+    view = next(iter(agg.flush().processes.values()))
+    assert set(view.threads) == {100, 101}
+    first, second = view.threads[100], view.threads[101]
+    assert (first.tid, first.name, second.name) == (100, "worker-100", "worker-101")
+    assert first.total == Counter(4, 3_050)
+    assert dict(first.by_reason) == {Reason.SLEEPING: Counter(3, 3_000), Reason.RUNNABLE: Counter(1, 50)}
+    assert second.total == Counter(5, 1_700)  # cumulative, like the process's
+    assert first.total + second.total == view.total
+
+
+def test_without_thread_ids_the_process_view_has_no_threads(proc: Path) -> None:
+    kernel = _kernel()
+    agg = _aggregator(proc, kernel)
+    kernel.counts[KEY] = exact(3, 3_000)
+    view = next(iter(agg.flush().processes.values()))
+    assert view.total == Counter(3, 3_000) and not view.threads

@@ -12,11 +12,13 @@ from collections.abc import Hashable
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
+from offcpu_exporter.config import positive_int
 from offcpu_exporter.sinks import SinkContext, SinkStats
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
 from offcpu_exporter.sinks.prometheus.exposition import ExpositionCache
 from offcpu_exporter.sinks.prometheus.selection import Selection
 from offcpu_exporter.snapshot import Snapshot
+from offcpu_exporter.waitsite import CALL_PATH_FRAMES
 from offcpu_exporter.web import Request, Response
 from offcpu_exporter.web.server import accepts_gzip
 
@@ -45,6 +47,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='processes with their own series; the rest are summed in pid="other" (0: no limit; default %(default)s)',
     )
     g.add_argument(
+        "--prometheus.top-threads",
+        dest="prometheus_top_threads",
+        type=int,
+        default=10,
+        metavar="K",
+        help="with --per-thread: threads per process with their own series, by off-CPU time; the rest are "
+        'summed in tid="other" (default %(default)s)',
+    )
+    g.add_argument(
+        "--prometheus.call-path-frames",
+        dest="prometheus_call_path_frames",
+        type=positive_int,
+        default=CALL_PATH_FRAMES,
+        metavar="N",
+        help="frames in the call_path label of the per-stack series: the wait site and its callers "
+        "(default %(default)s)",
+    )
+    g.add_argument(
         "--prometheus.stack-label",
         dest="prometheus_stack_label",
         action="store_true",
@@ -63,15 +83,26 @@ class PrometheusSink:
         max_processes: int = 200,
         stack_label: bool = False,
         bcc: str | None = None,
+        per_thread: bool = False,
+        top_threads: int = 10,
+        call_path_frames: int = CALL_PATH_FRAMES,
     ) -> None:
-        if top_stacks < 0 or max_processes < 0:
-            raise ValueError("--prometheus.top-stacks and --prometheus.max-processes must not be negative")
+        if top_stacks < 0 or max_processes < 0 or top_threads < 0:
+            raise ValueError(
+                "--prometheus.top-stacks, --prometheus.top-threads and --prometheus.max-processes must not be negative"
+            )
         self.stats = SinkStats()
         self._context = context
-        self.selection = Selection(max_processes=max_processes, top_stacks=top_stacks)
+        self.selection = Selection(max_processes=max_processes, top_stacks=top_stacks, top_threads=top_threads)
         self.registry = CollectorRegistry()
         self.collector = OffCPUCollector(
-            context.latest, lambda: list(context.sinks), self.selection, stack_label=stack_label, bcc=bcc
+            context.latest,
+            lambda: list(context.sinks),
+            self.selection,
+            stack_label=stack_label,
+            bcc=bcc,
+            per_thread=per_thread,
+            call_path_frames=call_path_frames,
         )
         self.registry.register(self.collector)
         # The exporter's own process: CPU, memory, open fds, Python GC (as every client library exports).
@@ -112,4 +143,7 @@ def create(options: argparse.Namespace, context: SinkContext) -> PrometheusSink:
         top_stacks=options.prometheus_top_stacks,
         max_processes=options.prometheus_max_processes,
         stack_label=options.prometheus_stack_label,
+        per_thread=getattr(options, "per_thread", False),
+        top_threads=options.prometheus_top_threads,
+        call_path_frames=options.prometheus_call_path_frames,
     )

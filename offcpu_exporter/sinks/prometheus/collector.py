@@ -15,14 +15,33 @@ from prometheus_client.utils import floatToGoString
 
 import offcpu_exporter
 from offcpu_exporter.sinks import Sink
-from offcpu_exporter.sinks.prometheus.selection import FoldedProcesses, Selection, SelectionView, one_per_pid
+from offcpu_exporter.sinks.prometheus.selection import (
+    FoldedProcesses,
+    ProcessSeries,
+    Selection,
+    SelectionView,
+    one_per_pid,
+)
 from offcpu_exporter.snapshot import HISTOGRAM_BUCKETS_US, Counter, Health, Reason, Snapshot
+from offcpu_exporter.waitsite import CALL_PATH_FRAMES, wait_site
 
 __all__ = ["OffCPUCollector", "bcc_version"]
 
 PROCESS_LABELS = ("pid", "comm", "reason", "namespace", "pod", "container")
+THREAD_LABELS = ("tid", "thread")  # on the process counters with --per-thread
 HISTOGRAM_LABELS = ("pid", "comm", "namespace", "pod", "container")
-STACK_LABELS = ("pid", "comm", "stack_id", "user_function", "kernel_function")
+STACK_LABELS = (
+    "pid",
+    "comm",
+    "namespace",
+    "pod",
+    "container",
+    "stack_id",
+    "app_function",
+    "call_path",
+    "user_function",
+    "kernel_function",
+)
 OTHER = "other"
 ZERO = Counter()
 
@@ -55,12 +74,17 @@ class OffCPUCollector:
         selection: Selection,
         stack_label: bool = False,
         bcc: str | None = None,
+        per_thread: bool = False,
+        call_path_frames: int = CALL_PATH_FRAMES,
     ) -> None:
         self._latest = latest
         self._sinks = sinks
         self._selection = selection
         self._stack_label = stack_label
         self._stack_labels = (*STACK_LABELS, "stack") if stack_label else STACK_LABELS
+        self._per_thread = per_thread
+        self._process_labels = (*PROCESS_LABELS, *THREAD_LABELS) if per_thread else PROCESS_LABELS
+        self._call_path_frames = call_path_frames
         self._build = {
             "version": offcpu_exporter.__version__,
             "python": platform.python_version(),
@@ -76,12 +100,12 @@ class OffCPUCollector:
             c(
                 "offcpu_seconds",
                 "Time threads of the process spent off CPU, by reason.",
-                labels=PROCESS_LABELS,
+                labels=self._process_labels,
             ),
             c(
                 "offcpu_switches",
                 "Times threads of the process were switched out, by reason.",
-                labels=PROCESS_LABELS,
+                labels=self._process_labels,
             ),
             c(
                 "offcpu_stack_seconds",
@@ -189,25 +213,22 @@ class OffCPUCollector:
     # ---- per process and stack ---------------------------------------------------------------------
 
     def _add_processes(self, fams: Mapping[str, _Family], hist: HistogramMetricFamily, view: SelectionView) -> None:
-        seconds, switches = fams["offcpu_seconds"], fams["offcpu_switches"]
         st_seconds, st_switches = fams["offcpu_stack_seconds"], fams["offcpu_stack_switches"]
         for series in one_per_pid(view.processes):
             info = series.view.info
             pid, comm = str(info.pid), _text(info.comm)
             where = (_text(info.namespace), _text(info.pod), _text(info.container))
-            for reason in Reason:
-                counter = series.view.by_reason.get(reason, ZERO)
-                labels = [pid, comm, reason.label, *where]
-                seconds.add_metric(labels, counter.seconds)
-                switches.add_metric(labels, counter.count)
+            self._add_process_counters(fams, series, pid, comm, where)
             for stack_series in series.stacks:
                 stack = stack_series.stack
-                labels = [pid, comm, stack.stack_id, _text(stack.user_function), _text(stack.kernel_function)]
+                site = wait_site(stack, self._call_path_frames)
+                labels = [pid, comm, *where, stack.stack_id, _text(site.function), _text(site.call_path),
+                          _text(stack.user_function), _text(stack.kernel_function)]
                 if self._stack_label:
                     labels.append(_text(stack.folded()))
                 st_seconds.add_metric(labels, stack_series.value.seconds)
                 st_switches.add_metric(labels, stack_series.value.count)
-            self._add_other_stack(st_seconds, st_switches, pid, comm, series.other)
+            self._add_other_stack(st_seconds, st_switches, pid, comm, where, series.other)
             _add_histogram(hist, [pid, comm, *where], series.view.histogram, series.view.total)
         if view.folded is not None:
             self._add_folded(fams, hist, view.folded)
@@ -223,8 +244,27 @@ class OffCPUCollector:
                 threads.add_metric(labels, blocked.threads if blocked else 0)
                 longest.add_metric(labels, blocked.longest_seconds if blocked else 0.0)
 
-    def _add_other_stack(self, st_seconds: _Family, st_switches: _Family, pid: str, comm: str, other: Counter) -> None:
-        labels = [pid, comm, OTHER, OTHER, OTHER]
+    def _add_process_counters(
+        self, fams: Mapping[str, _Family], series: ProcessSeries, pid: str, comm: str, where: Sequence[str]
+    ) -> None:
+        """Per reason; with --per-thread per thread too: the top K threads and tid="other"."""
+        rows: list[tuple[tuple[str, ...], Mapping[Reason, Counter]]]
+        if self._per_thread:
+            rows = [((str(t.thread.tid), _text(t.thread.name)), t.by_reason) for t in series.threads]
+            rows.append(((OTHER, OTHER), series.other_threads))
+        else:
+            rows = [((), series.view.by_reason)]
+        for thread, by_reason in rows:
+            for reason in Reason:
+                counter = by_reason.get(reason, ZERO)
+                labels = [pid, comm, reason.label, *where, *thread]
+                fams["offcpu_seconds"].add_metric(labels, counter.seconds)
+                fams["offcpu_switches"].add_metric(labels, counter.count)
+
+    def _add_other_stack(
+        self, st_seconds: _Family, st_switches: _Family, pid: str, comm: str, where: Sequence[str], other: Counter
+    ) -> None:
+        labels = [pid, comm, *where, OTHER, OTHER, OTHER, OTHER, OTHER]
         if self._stack_label:
             labels.append(OTHER)
         st_seconds.add_metric(labels, other.seconds)
@@ -232,12 +272,15 @@ class OffCPUCollector:
 
     def _add_folded(self, fams: Mapping[str, _Family], hist: HistogramMetricFamily, folded: FoldedProcesses) -> None:
         where = ("", "", "")
+        thread = (OTHER, OTHER) if self._per_thread else ()
         for reason in Reason:
             counter = folded.by_reason.get(reason, ZERO)
-            labels = [OTHER, OTHER, reason.label, *where]
+            labels = [OTHER, OTHER, reason.label, *where, *thread]
             fams["offcpu_seconds"].add_metric(labels, counter.seconds)
             fams["offcpu_switches"].add_metric(labels, counter.count)
-        self._add_other_stack(fams["offcpu_stack_seconds"], fams["offcpu_stack_switches"], OTHER, OTHER, folded.total)
+        self._add_other_stack(
+            fams["offcpu_stack_seconds"], fams["offcpu_stack_switches"], OTHER, OTHER, where, folded.total
+        )
         _add_histogram(hist, [OTHER, OTHER, *where], folded.histogram, folded.total)
 
     # ---- the exporter itself -------------------------------------------------------------------------

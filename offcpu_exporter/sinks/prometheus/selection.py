@@ -14,6 +14,9 @@ Two rules keep every exported counter monotonic while bounding cardinality:
   so the stack series of a process always sum exactly to its total. A stack that loses its slot
   (only when a rival scores twice as high, to avoid flapping) ends its series and its count moves
   into ``other``, which therefore only goes up.
+- Threads (with --per-thread): the same rule per process, with ``tid="other"`` for the rest: each
+  selected process exports its top K threads by recent off-CPU time, and ``other`` is the process's
+  total per reason minus those series.
 """
 
 from __future__ import annotations
@@ -22,11 +25,29 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from offcpu_exporter.ratelimit import RateLimitedLog
-from offcpu_exporter.snapshot import Counter, ProcessInfo, ProcessKey, ProcessView, Reason, Snapshot, Stack
+from offcpu_exporter.snapshot import (
+    Counter,
+    ProcessInfo,
+    ProcessKey,
+    ProcessView,
+    Reason,
+    Snapshot,
+    Stack,
+    ThreadView,
+)
 
-__all__ = ["FoldedProcesses", "ProcessSeries", "Selection", "SelectionView", "StackSeries", "one_per_pid"]
+__all__ = [
+    "FoldedProcesses",
+    "ProcessSeries",
+    "Selection",
+    "SelectionView",
+    "StackSeries",
+    "ThreadSeries",
+    "one_per_pid",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +63,18 @@ class StackSeries:
 
 
 @dataclass(frozen=True)
+class ThreadSeries:
+    thread: ThreadView
+    by_reason: Mapping[Reason, Counter]
+
+
+@dataclass(frozen=True)
 class ProcessSeries:
     view: ProcessView
     stacks: tuple[StackSeries, ...]
     other: Counter  # view.total minus the stack series
+    threads: tuple[ThreadSeries, ...] = ()  # with --per-thread: the top K threads
+    other_threads: Mapping[Reason, Counter] = field(default_factory=dict)  # view.by_reason minus `threads`
 
 
 def one_per_pid(processes: Sequence[ProcessSeries]) -> Iterator[ProcessSeries]:
@@ -82,18 +111,69 @@ class SelectionView:
     overflow: Mapping[str, int]  # what -> items folded away since start
 
 
+Id = TypeVar("Id", str, int)
+Base = TypeVar("Base")
+
+
 @dataclass
-class _StackChoice:
-    chosen: dict[str, Counter] = field(default_factory=dict)  # stack id -> base (total when chosen)
-    score: dict[str, float] = field(default_factory=dict)
-    last: dict[str, Counter] = field(default_factory=dict)
+class _Slots(Generic[Id, Base]):
+    """K series slots of one process, held by the ids (stacks, threads) with the most recent off-CPU
+    time. `chosen` maps each holder to its value when it got the slot: its series counts from there."""
+
+    chosen: dict[Id, Base] = field(default_factory=dict)
+    score: dict[Id, float] = field(default_factory=dict)
+    last: dict[Id, Counter] = field(default_factory=dict)
     last_time_ns: int = 0
+
+    def update(self, k: int, totals: Mapping[Id, Counter], values: Mapping[Id, Base], zero: Base,
+               time_ns: int) -> int:
+        """Rescores and reassigns the slots; returns how many ids seen for the first time got none."""
+        self._score(totals, time_ns)
+        return self._choose(k, totals, values, zero)
+
+    def _score(self, totals: Mapping[Id, Counter], time_ns: int) -> None:
+        dt = max(time_ns - self.last_time_ns, 0) if self.last_time_ns else 0
+        decay = 0.5 ** (dt / _HALF_LIFE_NS)
+        score = {}
+        for i, total in totals.items():
+            inc = max(total.ns - self.last.get(i, ZERO).ns, 0)
+            score[i] = self.score.get(i, 0.0) * decay + inc
+        self.score = score
+        self.last_time_ns = time_ns
+        # A holder gone from the snapshot cannot be exported; its time stays in `other`.
+        for i in [i for i in self.chosen if i not in totals]:
+            del self.chosen[i]
+
+    def _choose(self, k: int, totals: Mapping[Id, Counter], values: Mapping[Id, Base], zero: Base) -> int:
+        seen_before = self.last
+        candidates = sorted(
+            (i for i in totals if i not in self.chosen),
+            key=lambda i: (-self.score[i], -totals[i].ns, i),
+        )
+        new_refused = 0
+        for i in candidates:
+            if len(self.chosen) < k:
+                # Time an id had while in `other` stays there; a brand-new one starts at its total.
+                self.chosen[i] = values[i] if i in seen_before else zero
+                continue
+            weakest = min(self.chosen, key=lambda c: (self.score[c], c), default=None)
+            if weakest is not None and self.score[i] > _EVICT_RATIO * self.score[weakest]:
+                del self.chosen[weakest]
+                self.chosen[i] = values[i] if i in seen_before else zero
+            elif i not in seen_before:
+                new_refused += 1
+        self.last = dict(totals)
+        return new_refused
+
+
+_NO_REASONS: Mapping[Reason, Counter] = {}
 
 
 class Selection:
-    def __init__(self, max_processes: int = 200, top_stacks: int = 10) -> None:
+    def __init__(self, max_processes: int = 200, top_stacks: int = 10, top_threads: int = 10) -> None:
         self.max_processes = max_processes  # 0: no limit
         self.top_stacks = top_stacks
+        self.top_threads = top_threads
         self._lock = threading.Lock()
         self._view: SelectionView | None = None
         self._selected: set[ProcessKey] = set()
@@ -102,8 +182,9 @@ class Selection:
         self._folded_by_reason: dict[Reason, Counter] = {}
         self._folded_hist: list[int] = []
         self._ever_folded = False
-        self._stacks: dict[ProcessKey, _StackChoice] = {}
-        self._overflow = {"processes": 0, "stacks": 0}
+        self._stacks: dict[ProcessKey, _Slots[str, Counter]] = {}
+        self._threads: dict[ProcessKey, _Slots[int, Mapping[Reason, Counter]]] = {}
+        self._overflow = {"processes": 0, "stacks": 0, "threads": 0}
         self._log = RateLimitedLog(log, interval=300.0)
 
     def view(self, snapshot: Snapshot) -> SelectionView:
@@ -119,8 +200,9 @@ class Selection:
     def _update(self, snapshot: Snapshot) -> SelectionView:
         present = snapshot.processes
         self._selected.intersection_update(present)
-        for key in [k for k in self._stacks if k not in self._selected]:
-            del self._stacks[key]
+        for slots in (self._stacks, self._threads):
+            for key in [k for k in slots if k not in self._selected]:
+                del slots[key]
         self._choose_processes(present)
 
         samples_by_process: dict[ProcessKey, list[tuple[Stack, Counter]]] = {}
@@ -188,63 +270,56 @@ class Selection:
             sid = stack.stack_id
             totals[sid] = totals.get(sid, ZERO) + total
             stacks[sid] = stack
-        choice = self._stacks.setdefault(view.info.key, _StackChoice())
-        self._score(choice, totals, time_ns)
-        self._choose_stacks(choice, totals, view)
+        slots = self._stacks.setdefault(view.info.key, _Slots())
+        refused = slots.update(self.top_stacks, totals, totals, ZERO, time_ns)
+        self._count_refused("stacks", refused, view, "--prometheus.top-stacks", self.top_stacks, 'stack_id="other"')
         out = []
         used = ZERO
-        for sid, base in choice.chosen.items():
+        for sid, base in slots.chosen.items():
             value = _increase(totals[sid], base)
             used += value
             out.append(StackSeries(stacks[sid], value))
         other = Counter(max(view.total.count - used.count, 0), max(view.total.ns - used.ns, 0))
         out.sort(key=lambda s: (-s.value.ns, s.stack.stack_id))
-        return ProcessSeries(view, tuple(out), other)
+        threads, other_threads = self._thread_series(view, time_ns)
+        return ProcessSeries(view, tuple(out), other, threads, other_threads)
 
-    @staticmethod
-    def _score(choice: _StackChoice, totals: Mapping[str, Counter], time_ns: int) -> None:
-        dt = max(time_ns - choice.last_time_ns, 0) if choice.last_time_ns else 0
-        decay = 0.5 ** (dt / _HALF_LIFE_NS)
-        score = {}
-        for sid, total in totals.items():
-            inc = max(total.ns - choice.last.get(sid, ZERO).ns, 0)
-            score[sid] = choice.score.get(sid, 0.0) * decay + inc
-        choice.score = score
-        choice.last_time_ns = time_ns
-        # A chosen stack gone from the snapshot cannot be exported; its time stays in `other`.
-        for sid in [s for s in choice.chosen if s not in totals]:
-            del choice.chosen[sid]
+    def _thread_series(
+        self, view: ProcessView, time_ns: int
+    ) -> tuple[tuple[ThreadSeries, ...], Mapping[Reason, Counter]]:
+        slots = self._threads.setdefault(view.info.key, _Slots())
+        totals = {tid: t.total for tid, t in view.threads.items()}
+        values = {tid: t.by_reason for tid, t in view.threads.items()}
+        refused = slots.update(self.top_threads, totals, values, _NO_REASONS, time_ns)
+        self._count_refused("threads", refused, view, "--prometheus.top-threads", self.top_threads, 'tid="other"')
+        out = []
+        used: dict[Reason, Counter] = {}
+        for tid, base in slots.chosen.items():
+            thread = view.threads[tid]
+            by_reason = {}
+            for reason, now in thread.by_reason.items():
+                by_reason[reason] = value = _increase(now, base.get(reason, ZERO))
+                used[reason] = used.get(reason, ZERO) + value
+            out.append(ThreadSeries(thread, by_reason))
+        other = {reason: _increase(total, used.get(reason, ZERO)) for reason, total in view.by_reason.items()}
+        out.sort(key=lambda t: (-t.thread.total.ns, t.thread.tid))
+        return tuple(out), other
 
-    def _choose_stacks(self, choice: _StackChoice, totals: Mapping[str, Counter], view: ProcessView) -> None:
-        k = self.top_stacks
-        seen_before = choice.last
-        candidates = sorted(
-            (sid for sid in totals if sid not in choice.chosen),
-            key=lambda sid: (-choice.score[sid], -totals[sid].ns, sid),
+    def _count_refused(self, what: str, n: int, view: ProcessView, option: str, k: int, other: str) -> None:
+        if not n:
+            return
+        self._overflow[what] += n
+        self._log.log(
+            logging.INFO,
+            "process %d (%s): %d %s beyond %s=%d folded into %s",
+            view.info.pid,
+            view.info.comm,
+            n,
+            what,
+            option,
+            k,
+            other,
         )
-        new_refused = 0
-        for sid in candidates:
-            if len(choice.chosen) < k:
-                # Time a stack had while in `other` stays there; a brand-new stack starts at its total.
-                choice.chosen[sid] = totals[sid] if sid in seen_before else ZERO
-                continue
-            weakest = min(choice.chosen, key=lambda s: (choice.score[s], s), default=None)
-            if weakest is not None and choice.score[sid] > _EVICT_RATIO * choice.score[weakest]:
-                del choice.chosen[weakest]
-                choice.chosen[sid] = totals[sid] if sid in seen_before else ZERO
-            elif sid not in seen_before:
-                new_refused += 1
-        choice.last = dict(totals)
-        if new_refused:
-            self._overflow["stacks"] += new_refused
-            self._log.log(
-                logging.INFO,
-                'process %d (%s): %d stacks beyond --prometheus.top-stacks=%d folded into stack_id="other"',
-                view.info.pid,
-                view.info.comm,
-                new_refused,
-                k,
-            )
 
 
 def _increase(now: Counter, before: Counter) -> Counter:

@@ -19,9 +19,9 @@ from offcpu_exporter.sinks import prometheus as prom_sink
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
 from offcpu_exporter.sinks.prometheus.exposition import ExpositionCache
 from offcpu_exporter.sinks.prometheus.selection import Selection
-from offcpu_exporter.snapshot import HISTOGRAM_BUCKETS_US, Health, Reason, Snapshot
+from offcpu_exporter.snapshot import HISTOGRAM_BUCKETS_US, Frame, FrameKind, Health, Reason, Snapshot, Stack
 from offcpu_exporter.web import Request, Routes
-from tests.support.snapshots import SEC, Builder, many_stacks, process, stack
+from tests.support.snapshots import LIBC, SEC, Builder, kernel, many_stacks, process, stack
 
 
 def render(
@@ -30,11 +30,14 @@ def render(
     max_processes: int = 200,
     stack_label: bool = False,
     selection: Selection | None = None,
+    per_thread: bool = False,
 ) -> str:
     snap = builder_or_snapshot.snapshot() if isinstance(builder_or_snapshot, Builder) else builder_or_snapshot
     sel = selection or Selection(max_processes=max_processes, top_stacks=top)
     reg = CollectorRegistry()
-    reg.register(OffCPUCollector(lambda: snap, lambda: [], sel, stack_label=stack_label, bcc="0.26.0"))
+    reg.register(
+        OffCPUCollector(lambda: snap, lambda: [], sel, stack_label=stack_label, bcc="0.26.0", per_thread=per_thread)
+    )
     return generate_latest(reg).decode()
 
 
@@ -126,6 +129,142 @@ def test_stack_series_stay_monotonic_and_exact_when_a_new_stack_gets_hot() -> No
                 assert v >= previous[sid] - 1e-9
         previous = now
     assert hot.stack_id in previous  # the hot stack took a slot
+
+
+def through_helper(caller: str, kernel_leaf: str) -> Stack:
+    """The issue's stacks: a thread function calling one helper that makes the system call."""
+    return Stack(
+        user=(Frame("syscall", FrameKind.NATIVE, "/usr/bin/app"), Frame(caller, FrameKind.NATIVE, "/usr/bin/app"),
+              Frame("thread_main", FrameKind.NATIVE, "/usr/bin/app"), Frame("start_thread", FrameKind.NATIVE, LIBC)),
+        kernel=kernel("finish_task_switch.isra.0", "__schedule", "schedule", kernel_leaf),
+    )
+
+
+def test_stack_series_name_where_the_application_waited_and_differ_by_code_path() -> None:
+    b = Builder()
+    p = process(11, "waits")
+    stacks = [through_helper("hold_in_nanosleep", "do_nanosleep"), through_helper("wait_for_pipe_message", "pipe_read"),
+              through_helper("feed_pipe_periodically", "do_nanosleep")]
+    for i, st in enumerate(stacks):
+        b.add(p, st, 1.0 + i)
+    labels = [lab for lab, _ in samples(render(b), "offcpu_stack_seconds_total") if lab["stack_id"] != "other"]
+    by_function = {lab["app_function"]: lab for lab in labels}
+    assert set(by_function) == {"hold_in_nanosleep", "wait_for_pipe_message", "feed_pipe_periodically"}
+    assert by_function["hold_in_nanosleep"]["call_path"] == "thread_main;hold_in_nanosleep"
+    # The old labels alone could not tell two of them apart; the new ones do.
+    assert {lab["user_function"] for lab in labels} == {"syscall"}
+    old = [tuple(lab[k] for k in ("pid", "comm", "user_function", "kernel_function")) for lab in labels]
+    assert len(set(old)) == 2
+    new = [tuple(v for k, v in sorted(lab.items()) if k != "stack_id") for lab in labels]
+    assert len(set(new)) == 3
+
+
+def test_stack_series_carry_the_process_identity() -> None:
+    b = Builder()
+    p = process(12, "api", namespace="shop", pod="api-7", container="server")
+    b.add(p, stack("serve"), 2.0)
+    for lab, _ in samples(render(b), "offcpu_stack_seconds_total"):
+        assert (lab["namespace"], lab["pod"], lab["container"]) == ("shop", "api-7", "server")
+    other = next(lab for lab, _ in samples(render(b), "offcpu_stack_switches_total") if lab["stack_id"] == "other")
+    assert other["app_function"] == other["call_path"] == "other" and other["pod"] == "api-7"
+    # The folded processes' stack series, like their process series, have an empty identity.
+    b.add(process(13, "small"), stack("x"), 0.5)
+    folded = samples(render(b, max_processes=1), "offcpu_stack_seconds_total")
+    assert [(lab["namespace"], lab["stack_id"]) for lab, _ in folded if lab["pid"] == "other"] == [("", "other")]
+
+
+def thread_series(text: str, name: str = "offcpu_seconds_total") -> dict[tuple[str, str], float]:
+    acc: dict[tuple[str, str], float] = defaultdict(float)
+    for lab, v in samples(text, name):
+        acc[(lab["tid"], lab["thread"])] += v
+    return dict(acc)
+
+
+def test_per_thread_series_on_the_process_counters_with_a_limit_and_other() -> None:
+    b = Builder()
+    p = process(20, "pool")
+    for tid in range(100, 106):
+        b.add(p, stack("work"), (tid - 99) * 1.0, count=tid - 99, reason=Reason.SLEEPING, tid=tid)
+        b.add(p, stack("spin"), 0.25, count=1, reason=Reason.RUNNABLE, tid=tid)
+    sel = Selection(top_threads=3)
+    text = render(b, selection=sel, per_thread=True)
+    threads = thread_series(text)
+    # The three busiest threads by name and id, the rest in tid="other"; every reason of each.
+    assert threads == pytest.approx({("105", "t105"): 6.25, ("104", "t104"): 5.25, ("103", "t103"): 4.25,
+                                     ("other", "other"): 3 * 0.25 + 1 + 2 + 3})
+    assert len(samples(text, "offcpu_seconds_total")) == 4 * 4
+    assert sum(thread_series(text, "offcpu_switches_total").values()) == sum(range(1, 7)) + 6
+    reasons = {lab["reason"]: v for lab, v in samples(text, "offcpu_seconds_total") if lab["tid"] == "105"}
+    assert reasons == {"sleeping": 6.0, "runnable": 0.25, "uninterruptible": 0.0, "other": 0.0}
+    overflow = {lab["what"]: v for lab, v in samples(text, "offcpu_exporter_cardinality_overflow_total")}
+    assert overflow["threads"] == 3
+    # The stack series stay per process.
+    assert all("tid" not in lab for lab, _ in samples(text, "offcpu_stack_seconds_total"))
+    # A thread that becomes the hottest takes a slot; every series only goes up; sums stay exact.
+    previous = threads
+    for _ in range(5):
+        b.add(p, stack("work"), 20.0, reason=Reason.SLEEPING, tid=100)
+        text = render(b, selection=sel, per_thread=True)
+        now = thread_series(text)
+        assert now[("other", "other")] >= previous[("other", "other")] - 1e-9
+        for key, v in now.items():
+            assert v >= previous.get(key, 0.0) - 1e-9
+        assert sum(now.values()) == pytest.approx(sum(v for _, v in samples(text, "offcpu_stack_seconds_total")))
+        previous = now
+    assert ("100", "t100") in previous
+
+
+def test_per_thread_labels_only_with_per_thread() -> None:
+    b = Builder()
+    b.add(process(21, "one"), stack("x"), 1.0, tid=21)
+    assert all("tid" not in lab for lab, _ in samples(render(b), "offcpu_seconds_total"))
+    # Folded processes have tid="other" too when the series have thread labels.
+    b.add(process(22, "two"), stack("x"), 0.5, tid=22)
+    text = render(b, max_processes=1, per_thread=True)
+    assert thread_series(text) == {("21", "t21"): 1.0, ("other", "other"): 0.5}
+    assert {lab["pid"] for lab, _ in samples(text, "offcpu_seconds_total") if lab["tid"] == "other"} == {"21", "other"}
+    promtool_check(text)
+
+
+def test_per_thread_reaches_metrics_through_the_command_line() -> None:
+    from offcpu_exporter.cli import build_parser
+
+    b = Builder()
+    for tid in (31, 32, 33):
+        b.add(process(30, "cli"), stack("x"), tid / 10, tid=tid)
+    options = build_parser([prom_sink]).parse_args(
+        ["serve", "--pid", "30", "--per-thread", "--prometheus.top-threads", "2"]
+    )
+    current = b.snapshot()
+    sink = prom_sink.create(options, SinkContext(latest=lambda: current, flush_now=lambda t: current, routes=Routes()))
+    text = generate_latest(sink.registry).decode()
+    assert thread_series(text) == pytest.approx({("33", "t33"): 3.3, ("32", "t32"): 3.2, ("other", "other"): 3.1})
+
+
+def test_bad_thread_and_call_path_limits_are_refused() -> None:
+    from offcpu_exporter.cli import build_parser
+
+    parser = build_parser([prom_sink])
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["serve", "--prometheus.call-path-frames", "0"])
+    assert exit_.value.code == 2
+    options = parser.parse_args(["serve", "--prometheus.top-threads", "-1"])
+    with pytest.raises(ValueError, match="must not be negative"):
+        prom_sink.create(options, SinkContext(latest=Snapshot.empty, flush_now=lambda t: Snapshot.empty(),
+                                              routes=Routes()))
+
+
+def test_call_path_frames_option_bounds_the_label() -> None:
+    b = Builder()
+    deep = Stack(user=tuple(Frame(f"f{i}", FrameKind.NATIVE, "/usr/bin/app") for i in range(8)),
+                 kernel=kernel("do_nanosleep"))
+    b.add(process(40, "deep"), deep, 1.0)
+    snap = b.snapshot()
+    for frames, want in ((4, "f3;f2;f1;f0"), (2, "f1;f0")):
+        reg = CollectorRegistry()
+        reg.register(OffCPUCollector(lambda: snap, lambda: [], Selection(), bcc="x", call_path_frames=frames))
+        paths = {lab["call_path"] for lab, _ in samples(generate_latest(reg).decode(), "offcpu_stack_seconds_total")}
+        assert paths == {want, "other"}
 
 
 def test_stack_label_is_the_folded_stack_when_enabled() -> None:
@@ -233,8 +372,9 @@ def test_hostile_label_values_round_trip(comm: str) -> None:
     want = comm.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     got = {lab["comm"] for lab, _ in samples(text, "offcpu_seconds_total")}
     assert got == {want}
-    fns = {lab["user_function"] for lab, _ in samples(text, "offcpu_stack_seconds_total")} - {"other"}
-    assert fns == {"fn" + want}
+    expected = {"user_function": "fn" + want, "app_function": "fn" + want, "call_path": "main;fn" + want}
+    for label, value in expected.items():
+        assert {lab[label] for lab, _ in samples(text, "offcpu_stack_seconds_total")} - {"other"} == {value}
     promtool_check(text)
 
 
@@ -314,7 +454,7 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
     assert by(text, "offcpu_exporter_sink_sent_total", "sink") == {"skywalking": 12}
     assert by(text, "offcpu_exporter_sink_dropped_total", "sink") == {"skywalking": 0}
     assert by(text, "offcpu_exporter_sink_retried_total", "sink")["skywalking"] == 2
-    assert by(text, "offcpu_exporter_cardinality_overflow_total", "what") == {"processes": 0, "stacks": 0}
+    assert by(text, "offcpu_exporter_cardinality_overflow_total", "what") == {"processes": 0, "stacks": 0, "threads": 0}
     info = samples(text, "offcpu_exporter_build_info")[0][0]
     assert info["bcc"] == "0.26.0" and info["version"]
 
@@ -418,3 +558,23 @@ def test_gzip_stream_continues_correctly_when_the_process_part_changes() -> None
             f"tick {float(tick)}".encode(), b""
         )
     assert cache.renders == 1
+
+
+def test_threads_blocked_now_per_process_and_reason() -> None:
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    from offcpu_exporter.snapshot import Blocked
+
+    b = Builder()
+    b.add(process(1, "a"), stack("wait"), 1.0)
+    snap = b.snapshot()
+    key = next(iter(snap.processes))
+    view = replace(snap.processes[key], blocked=MappingProxyType({Reason.UNINTERRUPTIBLE: Blocked(3, 95_500_000_000)}))
+    snap = replace(snap, processes=MappingProxyType({key: view}))
+    reg = CollectorRegistry()
+    reg.register(OffCPUCollector(lambda: snap, lambda: [], Selection(), bcc="x"))
+    text = generate_latest(reg).decode()
+    assert by(text, "offcpu_blocked_threads", "reason") == {"runnable": 0, "sleeping": 0, "uninterruptible": 3,
+                                                           "other": 0}
+    assert by(text, "offcpu_blocked_longest_seconds", "reason")["uninterruptible"] == 95.5
