@@ -67,6 +67,7 @@ def test_record_text_shows_kernel_then_user_frames() -> None:
 
 
 def test_min_block_filters_short_blocks_in_the_kernel() -> None:
+    from offcpu_exporter.probe import layout
     from offcpu_exporter.probe.loader import ProbeConfig
     from tests.support.inprocess import ATTACH
 
@@ -79,12 +80,13 @@ def test_min_block_filters_short_blocks_in_the_kernel() -> None:
         result = w.wait()
         snap = p.flush_now(FLUSH_TIMEOUT)
         stats = p.probe.stats()
+    assert snap.health.filtered_blocks == stats[layout.STAT_FILTERED] > 0
     kept = total(with_function(snap, "offcpu_sleep_ms", w.pid)).count
     long_calls = sum(result.threads[0].hist[16:])
     assert abs(kept - long_calls) <= 1
-    from offcpu_exporter.probe import layout
 
     assert stats[layout.STAT_FILTERED] >= 20 - long_calls - 1
+    assert snap.health.filtered_ns > 0
 
 
 def test_record_covers_exactly_its_duration(tmp_path: Path) -> None:

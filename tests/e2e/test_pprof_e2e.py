@@ -262,3 +262,32 @@ def test_record_progress_only_on_a_terminal(tmp_path: Path) -> None:
     assert len(lefts) >= 3 and lefts[0] == 6 and lefts == sorted(lefts, reverse=True), text
     assert re.search(r"recording:\s+\d+ s left, [1-9]\d* stacks?, 1 process,", text), text
     assert (tmp_path / "out.folded").read_text().count("offcpu_sleep_ms") >= 1
+
+
+def test_profile_covers_exactly_its_seconds() -> None:
+    """Three threads off CPU all along (two long sleepers and the main thread joining them), since
+    before the request: the profile holds each one's time over the profile's own interval, within
+    1%, and not more (blocks in progress count up to each flush, not when they end)."""
+    import gzip
+
+    from offcpu_exporter.formats.proto import profile_pb2
+
+    with Workload("sleep", threads=2, iterations=1, interval_ms=120_000) as w:
+        w.go()
+        time.sleep(0.3)
+        served = Served(["--pid", str(w.pid), "--flush-interval", "0.5"])
+        try:
+            time.sleep(1.0)  # watched, and the blocks seeded
+            response = served.get(f"/debug/pprof/profile?seconds=3&pid={w.pid}")
+        finally:
+            served.close()
+    assert response.status == 200, response.body
+    profile = profile_pb2.Profile.FromString(gzip.decompress(response.body))
+    strings = profile.string_table
+    index = next(i for i, t in enumerate(profile.sample_type) if strings[t.unit] == "nanoseconds")
+    total_s = sum(s.value[index] for s in profile.sample) / 1e9
+    duration_s = profile.duration_nanos / 1e9
+    assert 3.0 <= duration_s < 3.5
+    print(f"profile of {duration_s:.4f} s: {total_s:.4f} s off CPU over 3 threads")
+    assert total_s == pytest.approx(3 * duration_s, rel=0.01)
+    assert total_s <= 3 * duration_s * 1.001

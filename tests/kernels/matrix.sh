@@ -18,7 +18,8 @@ usage: tests/kernels/matrix.sh [--legs LIST] [--kernel VERSION] [--timeout SECON
   --parallel         run the legs at the same time (each leg's output is printed when it ends);
                      faster, but the legs compete for the CPUs, which timing checks feel
   COMMAND            what each leg runs, in the project checkout with OFFCPU_ATTACH set
-                     (default: $OFFCPU_VENV/bin/python -m pytest -m kernel -v tests/e2e/test_probe.py,
+                     (default: $OFFCPU_VENV/bin/python -m pytest -m kernel -v tests/e2e/test_probe.py
+                     tests/e2e/test_probe_truth.py,
                      OFFCPU_VENV defaulting to the checkout's .venv)
 EOF
 }
@@ -56,7 +57,7 @@ else
 	[ -x "$venv/bin/python" ] || fail "no $venv/bin/python: run scripts/setup --test or set OFFCPU_VENV"
 	# The probe tests: what depends on the kernel and the attach mode. The output tests in tests/e2e
 	# do not, and under emulation all of them would take ~15 min per guest leg.
-	command=("$venv/bin/python" -m pytest -m kernel -v tests/e2e/test_probe.py)
+	command=("$venv/bin/python" -m pytest -m kernel -v tests/e2e/test_probe.py tests/e2e/test_probe_truth.py)
 fi
 
 guest_kernel=""
