@@ -17,12 +17,12 @@ from typing import BinaryIO
 from offcpu_exporter import __version__
 from offcpu_exporter.config import (
     ConfigError,
+    Duration,
     apply_config_file,
     config_path,
-    parse_duration,
     parse_regex,
-    positive_float,
     positive_int,
+    seconds,
 )
 from offcpu_exporter.k8s import selection as k8s_selection
 from offcpu_exporter.logfmt import configure_logging
@@ -39,6 +39,9 @@ SINK_MODULES: tuple[str, ...] = (
     "offcpu_exporter.sinks.pprof",
 )
 
+
+# --min-block/--max-block: nanoseconds for the probe; bare numbers in microseconds, as they always were.
+BLOCK_DURATION = Duration("ns", bare_unit="us", allow_zero=True)
 
 EXAMPLES = """\
 examples:
@@ -77,8 +80,8 @@ def _add_targets(p: argparse.ArgumentParser) -> None:
     g.add_argument("--all", action="store_true", help="every process but the exporter itself and the idle task")
     g.add_argument("--follow-children", action="store_true",
                    help="also watch processes forked by watched ones, from their first instruction")
-    g.add_argument("--targets-interval", type=positive_float, default=1.0, metavar="SECONDS",
-                   help="how often /proc is scanned for new and exited processes (default 1)")
+    g.add_argument("--targets-interval", type=seconds, default=1.0, metavar="DURATION",
+                   help="how often /proc is scanned for new and exited processes (default 1s)")
 
 
 def _add_probe(p: argparse.ArgumentParser) -> None:
@@ -87,10 +90,10 @@ def _add_probe(p: argparse.ArgumentParser) -> None:
                    default=os.environ.get("OFFCPU_ATTACH", "auto"),
                    help="kprobe on finish_task_switch, the sched:sched_switch tracepoint, or auto (default)")
     g.add_argument("--per-thread", action="store_true", help="keep threads apart instead of summing per process")
-    g.add_argument("--min-block", type=parse_duration, default=0, metavar="DURATION",
+    g.add_argument("--min-block", type=BLOCK_DURATION, default=0, metavar="DURATION",
                    help="ignore blocks shorter than this (e.g. 100us; bare numbers are microseconds)")
-    g.add_argument("--max-block", type=parse_duration, default=(1 << 64) - 1, metavar="DURATION",
-                   help="ignore blocks longer than this")
+    g.add_argument("--max-block", type=BLOCK_DURATION, default=(1 << 64) - 1, metavar="DURATION",
+                   help="ignore blocks longer than this (bare numbers are microseconds)")
     g.add_argument("--stack-storage-size", type=positive_int, default=16384, metavar="N",
                    help="distinct stacks the kernel can hold (default 16384; ~1 KiB each), plus a quarter as many "
                         "for stacks that collide in its hash buckets")
@@ -102,12 +105,12 @@ def _add_probe(p: argparse.ArgumentParser) -> None:
 
 def _add_aggregate(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("aggregation")
-    g.add_argument("--flush-interval", type=positive_float, default=5.0, metavar="SECONDS",
-                   help="how often the kernel counters are read (default 5, as SkyWalking Rover)")
-    g.add_argument("--exited-grace", type=positive_float, default=60.0, metavar="SECONDS",
-                   help="how long an exited process stays in the outputs (default 60)")
-    g.add_argument("--history", type=positive_float, default=900.0, metavar="SECONDS",
-                   help="snapshots kept in memory for /flamegraph (default 900)")
+    g.add_argument("--flush-interval", type=seconds, default=5.0, metavar="DURATION",
+                   help="how often the kernel counters are read (default 5s, as SkyWalking Rover)")
+    g.add_argument("--exited-grace", type=seconds, default=60.0, metavar="DURATION",
+                   help="how long an exited process stays in the outputs (default 1m)")
+    g.add_argument("--history", type=seconds, default=900.0, metavar="DURATION",
+                   help="snapshots kept in memory for /flamegraph (default 15m)")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -138,7 +141,8 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
                             epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     for add in (_add_common, _add_targets, k8s_selection.add_arguments, _add_probe):
         add(record)
-    record.add_argument("--duration", type=positive_float, default=10.0, metavar="SECONDS")
+    record.add_argument("--duration", type=seconds, default=10.0, metavar="DURATION",
+                        help="how long to record (default 10s)")
     from offcpu_exporter.formats import FORMATS
 
     record.add_argument("--format", choices=FORMATS, default="folded",

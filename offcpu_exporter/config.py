@@ -9,34 +9,99 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
-__all__ = ["ConfigError", "apply_config_file", "parse_duration", "parse_regex", "positive_float", "positive_int"]
+__all__ = [
+    "ConfigError",
+    "Duration",
+    "apply_config_file",
+    "format_duration",
+    "parse_duration",
+    "parse_regex",
+    "parse_seconds",
+    "positive_int",
+    "seconds",
+]
 
 
 class ConfigError(Exception):
     pass
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)?\s*$")
-_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000,
-            "h": 3_600_000_000_000}
+# Go's time.ParseDuration units (https://pkg.go.dev/time#ParseDuration), as Prometheus and the
+# exporters scraped with it take durations: `500ms`, `10s`, `1m30s`, `2h`.
+_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "μs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
+            "m": 60_000_000_000, "h": 3_600_000_000_000}
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_PART = re.compile(rf"({_NUMBER})(ns|us|µs|μs|ms|s|m|h)")
+_BARE = re.compile(_NUMBER)
+
+
+def _nanoseconds(text: str, bare_unit: str) -> float:
+    s = str(text).strip()
+    if _BARE.fullmatch(s):
+        return float(s) * _UNIT_NS[bare_unit]
+    total, at = 0.0, 0
+    for m in _PART.finditer(s):
+        if m.start() != at:
+            break
+        total += float(m.group(1)) * _UNIT_NS[m.group(2)]
+        at = m.end()
+    if at == 0 or at != len(s):
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r} (use e.g. 500ms, 10s, 1m30s, 2h; a bare number is in {bare_unit})"
+        )
+    return total
 
 
 def parse_duration(text: str, default_unit: str = "us") -> int:
-    """A duration in nanoseconds: `500us`, `10ms`, `2s`; a bare number is in `default_unit`."""
-    m = _DURATION.match(str(text))
-    if not m:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use e.g. 500us, 10ms, 2s)")
-    return int(float(m.group(1)) * _UNIT_NS[m.group(2) or default_unit])
+    """A duration in nanoseconds, Go-style (`500us`, `10ms`, `1m30s`); a bare number is in `default_unit`."""
+    return round(_nanoseconds(text, default_unit))
 
 
 def parse_seconds(text: str) -> float:
     """Seconds as a float: `5`, `0.5`, `500ms`, `2m`."""
-    return parse_duration(text, default_unit="s") / 1e9
+    return _nanoseconds(text, "s") / 1e9
+
+
+class Duration:
+    """The argparse type of every time option: a Go-style duration (`500ms`, `10s`, `1m30s`, `2h`),
+    returned as a number of `unit`s (nanoseconds as an int); a bare number is in `bare_unit`,
+    which defaults to `unit`, so every option keeps the unit its bare numbers always had."""
+
+    def __init__(self, unit: str = "s", bare_unit: str | None = None, allow_zero: bool = False) -> None:
+        self.unit = unit
+        self.bare_unit = bare_unit or unit
+        self.allow_zero = allow_zero
+        self.__name__ = "duration"
+
+    def __call__(self, text: str) -> float:
+        ns = _nanoseconds(text, self.bare_unit)
+        if (ns == 0 and not self.allow_zero) or ns < 0:
+            raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+        return round(ns) if self.unit == "ns" else ns / _UNIT_NS[self.unit]
+
+    def __repr__(self) -> str:
+        return f"Duration({self.unit!r}, bare_unit={self.bare_unit!r})"
+
+
+seconds = Duration("s")
+
+
+def format_duration(value: float, unit: str = "s") -> str:
+    """`90.0` -> `1m30s`, `0.5` -> `500ms`: how --help shows a default, in the syntax the option takes."""
+    ns = round(value * _UNIT_NS[unit])
+    if ns == 0:
+        return "0s"
+    out = []
+    for name in ("h", "m", "s", "ms", "us", "ns"):
+        n, ns = divmod(ns, _UNIT_NS[name])
+        if n:
+            out.append(f"{n}{name}")
+    return "".join(out)
 
 
 def parse_regex(text: str) -> re.Pattern[str]:
@@ -46,21 +111,6 @@ def parse_regex(text: str) -> re.Pattern[str]:
         raise argparse.ArgumentTypeError(f"invalid regular expression {text!r}: {e}") from None
 
 
-def positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    """An argparse type: a plain number of `kind` (int, float) that must be above zero."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-        return value
-
-    return parse
-
-
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -68,16 +118,6 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = parse_seconds(text)
-    except argparse.ArgumentTypeError:
-        raise
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
     return value
 
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import replace
 
 from offcpu_exporter import formats
-from offcpu_exporter.config import positive
+from offcpu_exporter.config import Duration, positive_int, seconds
 from offcpu_exporter.formats import Profile, ProfileFilter
 from offcpu_exporter.formats import flamegraph as flamegraph_format
 from offcpu_exporter.formats import pprof as pprof_format
@@ -57,15 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pprof.max-seconds",
         dest="pprof_max_seconds",
-        type=positive(float),
+        type=seconds,
         default=300.0,
-        metavar="S",
-        help="longest profile a request may ask for with ?seconds= (default: %(default)g)",
+        metavar="DURATION",
+        help="longest profile a request may ask for with ?seconds= (default: 5m)",
     )
     group.add_argument(
         "--pprof.max-concurrent",
         dest="pprof_max_concurrent",
-        type=positive(int),
+        type=positive_int,
         default=4,
         metavar="N",
         help="profile requests served at once; more get 429 Too Many Requests (default: %(default)d)",
@@ -73,10 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--flamegraph.max-minutes",
         dest="flamegraph_max_minutes",
-        type=positive(float),
+        type=Duration("m"),
         default=60.0,
-        metavar="M",
-        help="longest history /flamegraph may show with ?minutes= (default: %(default)g); "
+        metavar="DURATION",
+        help="longest history /flamegraph may show with ?minutes= (default: 1h; bare numbers are minutes); "
         "it can show no more than the snapshot history the exporter keeps",
     )
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from opentelemetry.util.re import parse_env_headers
 
-from offcpu_exporter.config import positive
+from offcpu_exporter.config import format_duration, positive_int, seconds
 
 __all__ = [
     "PROTOCOLS",
@@ -98,6 +98,10 @@ def _milliseconds_env(name: str, default_seconds: float, environ: Mapping[str, s
     return value if value > 0 else _BadEnvironment(name, raw)
 
 
+def _shown(default: float | _BadEnvironment) -> str:
+    return format_duration(default) if isinstance(default, float) else str(default)
+
+
 def _bool_env(name: str, environ: Mapping[str, str]) -> bool | None:
     raw = environ.get(name, "").strip().lower()
     if not raw:
@@ -160,12 +164,13 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         help="request headers / gRPC metadata, e.g. X-Scope-OrgID=tenant1 (values URL-encoded) "
         "[OTEL_EXPORTER_OTLP_HEADERS]",
     )
+    timeout_default = _milliseconds_env("OTEL_EXPORTER_OTLP_TIMEOUT", 10.0, env)
     group.add_argument(
         "--otlp-timeout",
-        metavar="SECONDS",
-        type=positive(float),
-        default=_milliseconds_env("OTEL_EXPORTER_OTLP_TIMEOUT", 10.0, env),
-        help="timeout of one export attempt (default: %(default)s) [OTEL_EXPORTER_OTLP_TIMEOUT, in ms]",
+        metavar="DURATION",
+        type=seconds,
+        default=timeout_default,
+        help=f"timeout of one export attempt (default: {_shown(timeout_default)}) [OTEL_EXPORTER_OTLP_TIMEOUT, in ms]",
     )
     raw_compression = env.get("OTEL_EXPORTER_OTLP_COMPRESSION", "").strip().lower() or "gzip"
     compression_default: str | _BadEnvironment = (
@@ -185,12 +190,13 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         default=env.get("OTEL_EXPORTER_OTLP_CERTIFICATE") or None,
         help="CA bundle to verify the collector's TLS certificate [OTEL_EXPORTER_OTLP_CERTIFICATE]",
     )
+    interval_default = _milliseconds_env("OTEL_METRIC_EXPORT_INTERVAL", 15.0, env)
     group.add_argument(
         "--otlp-interval",
-        metavar="SECONDS",
-        type=positive(float),
-        default=_milliseconds_env("OTEL_METRIC_EXPORT_INTERVAL", 15.0, env),
-        help="metrics export interval (default: %(default)s); profiles are pushed after every flush "
+        metavar="DURATION",
+        type=seconds,
+        default=interval_default,
+        help=f"metrics export interval (default: {_shown(interval_default)}); profiles are pushed after every flush "
         "[OTEL_METRIC_EXPORT_INTERVAL, in ms]",
     )
     group.add_argument(
@@ -223,7 +229,7 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     group.add_argument(
         "--otlp-top-stacks",
         metavar="K",
-        type=positive(int),
+        type=positive_int,
         default=10,
         help="per-stack metrics: at most K stacks per process, the rest summed in stack_id=other "
         "(default: %(default)s)",
@@ -245,16 +251,16 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     group.add_argument(
         "--otlp-queue-size",
         metavar="N",
-        type=positive(int),
+        type=positive_int,
         default=12,
         help="profile requests kept while the collector is unreachable; older ones are dropped (default: %(default)s)",
     )
     group.add_argument(
         "--otlp-max-delay",
-        metavar="SECONDS",
-        type=positive(float),
+        metavar="DURATION",
+        type=seconds,
         default=60.0,
-        help="a profile request not delivered within this time after its flush is dropped (default: %(default)s)",
+        help="a profile request not delivered within this time after its flush is dropped (default: 1m)",
     )
 
 

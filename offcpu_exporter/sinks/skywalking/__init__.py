@@ -21,6 +21,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from offcpu_exporter.config import positive_int, seconds
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks import SinkContext, SinkStats
 from offcpu_exporter.sinks.skywalking.agent import Agent, AgentOptions
@@ -45,22 +46,6 @@ def _endpoint(value: str) -> str:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
     return value
-
-
-def _positive(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
-    return number
-
-
-def _positive_int(value: str) -> int:
-    if not value.isdigit() or int(value) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return int(value)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,19 +104,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--skywalking-report-cmdline", action="store_true", help="report command lines as a process property")
     add(
         "--skywalking-task-poll-interval",
-        metavar="SECONDS",
-        type=_positive,
+        metavar="DURATION",
+        type=seconds,
         default=10.0,
-        help="queryTasks and keepAlive period (default: %(default)s)",
+        help="queryTasks and keepAlive period (default: 10s)",
     )
     add(
         "--skywalking-buffer",
         metavar="MESSAGES",
-        type=_positive_int,
+        type=positive_int,
         default=10_000,
         help="messages kept for re-sending while a destination fails (default: %(default)s)",
     )
-    add("--skywalking-timeout", metavar="SECONDS", type=_positive, default=10.0, help="per-RPC deadline")
+    add("--skywalking-timeout", metavar="DURATION", type=seconds, default=10.0, help="per-RPC deadline (default: 10s)")
 
 
 def add_subcommands(subparsers: Any) -> None:
