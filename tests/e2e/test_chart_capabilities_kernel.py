@@ -69,7 +69,7 @@ def record_with(capabilities: list[str], wrapper: Path, tmp_path: Path) -> tuple
         proc = subprocess.Popen(
             ["setpriv", f"--bounding-set={caps}", sys.executable, "-m", "offcpu_exporter", "record",
              "--pid", str(workload.pid), "--duration", "2.5", "--format", "folded", "-o", str(out),
-             "--kubernetes-metadata", "off"],
+             "--kubernetes.metadata", "off"],
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True,
         )
         assert proc.stderr is not None

@@ -8,6 +8,7 @@ the dependencies from the package index (or its local cache); the virtualenv is 
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -68,7 +69,7 @@ def test_record_from_another_folder(installed: Path, tmp_path: Path) -> None:
     with Workload("sleep", threads=1, iterations=40, interval_ms=20) as workload:
         proc = subprocess.Popen(
             [str(installed), "record", "--pid", str(workload.pid), "--duration", "2", "--format", "folded",
-             "--kubernetes-metadata", "off"],
+             "--kubernetes.metadata", "off", "--log.format", "json"],
             cwd=elsewhere, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         assert proc.stderr is not None
@@ -83,6 +84,9 @@ def test_record_from_another_folder(installed: Path, tmp_path: Path) -> None:
         workload.wait()
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, "".join(log) + err
+    # --log.format json: every line of the log is one JSON object.
+    records = [json.loads(line) for line in [*log, *err.splitlines()] if line.strip()]
+    assert any(r["msg"].startswith("probe attached") and r["level"] == "info" for r in records), records
     # The installed copy ran, not the checkout (whose folder is not on its path).
     assert str(ROOT) not in "".join(log) + err
     stacks = parse_folded(out)

@@ -231,7 +231,7 @@ def test_record_progress_only_on_a_terminal(tmp_path: Path) -> None:
                     "folded",
                     "-o",
                     str(tmp_path / "out.folded"),
-                    "--log-level",
+                    "--log.level",
                     "warning",
                 ],
                 cwd=ROOT,

@@ -153,8 +153,8 @@ def test_all_on_wiring() -> None:
     assert "--all" not in args  # selectors given: not everything
     for expected in ("--pid=1", "--comm=^(nginx|postgres)$", "--namespace=shop", "--namespace=batch",
                      "--pod-label=app=web", "--pod-label=tier=front", "--container=web",
-                     "--otlp-endpoint=collector.observability:4317", "--otlp-insecure", "--no-otlp-metrics",
-                     "--skywalking-endpoint=oap.skywalking:11800", "--skywalking-agent", "--per-thread",
+                     "--otlp.endpoint=collector.observability:4317", "--otlp.insecure", "--no-otlp.metrics",
+                     "--skywalking.endpoint=oap.skywalking:11800", "--skywalking.agent", "--per-thread",
                      "--web.config.file=/etc/offcpu-exporter/web/web-config.yml", "--attach=tracepoint"):
         assert expected in args, expected
     env = {e["name"]: e for e in c["env"]}
@@ -212,7 +212,7 @@ def test_the_exporter_loads_the_chart_web_config(tmp_path: Path) -> None:
 def test_existing_web_config_and_no_api() -> None:
     docs = render(EXISTING_WEB_CONFIG)
     c = container(docs)
-    assert "--kubernetes-metadata=off" in c["args"]
+    assert "--kubernetes.metadata=off" in c["args"]
     assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "Secret")
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False

@@ -19,7 +19,7 @@ SPELLINGS = [("500ms", 500 * NS["ms"]), ("10s", 10 * NS["s"]), ("1m30s", 90 * NS
              ("250us", 250 * NS["us"]), ("1.5m", 90 * NS["s"]), ("1h2m3.5s", 3723_500 * NS["ms"]), ("7", None)]
 BAD = ["", "10 parsecs", "1m30", "-1s", "s", "1s2", "ten", "10 s"]
 # Names that say "time" but are not durations: a point in time (milliseconds since the epoch).
-NOT_DURATIONS = {"--skywalking-task-start-time", "--skywalking.task-start-time"}
+NOT_DURATIONS = {"--skywalking.task-start-time"}
 TIME_WORDS = ("interval", "timeout", "seconds", "minutes", "grace", "duration", "delay", "history", "block", "time")
 
 
@@ -69,7 +69,7 @@ def test_same_spellings_everywhere(command: str, option: str, kind: Duration, tm
         assert getattr(options, dest) == pytest.approx(expected), (option, spelling)
         config = tmp_path / "c.yml"
         config.write_text(f"{option[2:]}: {spelling}\n")
-        from_file = cli.parse_args([command, *_required(command), "--config", str(config)])
+        from_file = cli.parse_args([command, *_required(command), "--config.file", str(config)])
         assert getattr(from_file, dest) == pytest.approx(expected), (option, spelling, "config file")
     for bad in BAD:
         with pytest.raises(SystemExit) as exit_:

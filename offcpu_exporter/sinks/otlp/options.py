@@ -131,11 +131,12 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         "OTEL_EXPORTER_OTLP_* variables.",
     )
     group.add_argument(
-        "--otlp-endpoint",
+        "--otlp.endpoint",
+        dest="otlp_endpoint",
         metavar="URL",
         default=None,
         help="collector base URL, e.g. http://127.0.0.1:4317 (grpc) or http://127.0.0.1:4318 "
-        "(http/protobuf); a bare host:port means TLS unless --otlp-insecure "
+        "(http/protobuf); a bare host:port means TLS unless --otlp.insecure "
         "[OTEL_EXPORTER_OTLP_ENDPOINT]",
     )
     raw_protocol = env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip() or "grpc"
@@ -145,20 +146,23 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         else _BadEnvironment("OTEL_EXPORTER_OTLP_PROTOCOL", raw_protocol, f"is not one of {', '.join(PROTOCOLS)}")
     )
     group.add_argument(
-        "--otlp-protocol",
+        "--otlp.protocol",
+        dest="otlp_protocol",
         choices=PROTOCOLS,
         default=protocol_default,
         help="transport for both signals (default: %(default)s) [OTEL_EXPORTER_OTLP_PROTOCOL]",
     )
     group.add_argument(
-        "--otlp-insecure",
+        "--otlp.insecure",
+        dest="otlp_insecure",
         action=argparse.BooleanOptionalAction,
         default=_bool_env("OTEL_EXPORTER_OTLP_INSECURE", env),
         help="plaintext instead of TLS; default: plaintext for http:// URLs, TLS otherwise "
         "[OTEL_EXPORTER_OTLP_INSECURE]",
     )
     group.add_argument(
-        "--otlp-headers",
+        "--otlp.headers",
+        dest="otlp_headers",
         metavar="K=V,...",
         default=env.get("OTEL_EXPORTER_OTLP_HEADERS", ""),
         help="request headers / gRPC metadata, e.g. X-Scope-OrgID=tenant1 (values URL-encoded) "
@@ -166,7 +170,8 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     )
     timeout_default = _milliseconds_env("OTEL_EXPORTER_OTLP_TIMEOUT", 10.0, env)
     group.add_argument(
-        "--otlp-timeout",
+        "--otlp.timeout",
+        dest="otlp_timeout",
         metavar="DURATION",
         type=seconds,
         default=timeout_default,
@@ -179,20 +184,23 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         else _BadEnvironment("OTEL_EXPORTER_OTLP_COMPRESSION", raw_compression, "is not gzip or none")
     )
     group.add_argument(
-        "--otlp-compression",
+        "--otlp.compression",
+        dest="otlp_compression",
         choices=("gzip", "none"),
         default=compression_default,
         help="(default: %(default)s) [OTEL_EXPORTER_OTLP_COMPRESSION]",
     )
     group.add_argument(
-        "--otlp-certificate",
+        "--otlp.certificate",
+        dest="otlp_certificate",
         metavar="PEM",
         default=env.get("OTEL_EXPORTER_OTLP_CERTIFICATE") or None,
         help="CA bundle to verify the collector's TLS certificate [OTEL_EXPORTER_OTLP_CERTIFICATE]",
     )
     interval_default = _milliseconds_env("OTEL_METRIC_EXPORT_INTERVAL", 15.0, env)
     group.add_argument(
-        "--otlp-interval",
+        "--otlp.interval",
+        dest="otlp_interval",
         metavar="DURATION",
         type=seconds,
         default=interval_default,
@@ -200,25 +208,29 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         "[OTEL_METRIC_EXPORT_INTERVAL, in ms]",
     )
     group.add_argument(
-        "--otlp-profiles",
+        "--otlp.profiles",
+        dest="otlp_profiles",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="push off-CPU profiles (default: on)",
     )
     group.add_argument(
-        "--otlp-metrics",
+        "--otlp.metrics",
+        dest="otlp_metrics",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="push the off-CPU counters as OTLP metrics (default: on)",
     )
     group.add_argument(
-        "--otlp-switches-profile",
+        "--otlp.switches-profile",
+        dest="otlp_switches_profile",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also send the switch counts as a second profile off_cpu_switches/count (default: on)",
     )
     group.add_argument(
-        "--otlp-service-name",
+        "--otlp.service-name",
+        dest="otlp_service_name",
         metavar="TEMPLATE",
         type=_service_name_template,
         default="{exe}",
@@ -227,7 +239,8 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         + " (default: %(default)s)",
     )
     group.add_argument(
-        "--otlp-top-stacks",
+        "--otlp.top-stacks",
+        dest="otlp_top_stacks",
         metavar="K",
         type=positive_int,
         default=10,
@@ -235,7 +248,8 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         "(default: %(default)s)",
     )
     group.add_argument(
-        "--otlp-max-processes",
+        "--otlp.max-processes",
+        dest="otlp_max_processes",
         metavar="N",
         type=_non_negative_int,
         default=200,
@@ -243,20 +257,23 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         "process.executable.name=other (0: no limit; default: %(default)s)",
     )
     group.add_argument(
-        "--otlp-stack-attribute",
+        "--otlp.stack-attribute",
+        dest="otlp_stack_attribute",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="add the folded stack as attribute offcpu.stack to per-stack metrics (default: off)",
     )
     group.add_argument(
-        "--otlp-queue-size",
+        "--otlp.queue-size",
+        dest="otlp_queue_size",
         metavar="N",
         type=positive_int,
         default=12,
         help="profile requests kept while the collector is unreachable; older ones are dropped (default: %(default)s)",
     )
     group.add_argument(
-        "--otlp-max-delay",
+        "--otlp.max-delay",
+        dest="otlp_max_delay",
         metavar="DURATION",
         type=seconds,
         default=60.0,
@@ -279,7 +296,7 @@ def _split_endpoint(url: str, insecure: bool | None, what: str) -> tuple[str, st
     if not host_port or "/" in host_port:
         raise ValueError(f"{what}: expected a URL such as http://host:4317 or host:port, got {url!r}")
     if parts is not None and parts.scheme == "https" and insecure:
-        raise ValueError(f"{what}: https:// together with --otlp-insecure")
+        raise ValueError(f"{what}: https:// together with --otlp.insecure")
     effective_insecure = (not tls_default) if insecure is None else insecure
     return host_port, path, effective_insecure
 
@@ -287,12 +304,12 @@ def _split_endpoint(url: str, insecure: bool | None, what: str) -> tuple[str, st
 def _signal_endpoint(
     signal: str, protocol: str, flag: str | None, insecure: bool | None, env: Mapping[str, str]
 ) -> SignalEndpoint | None:
-    """`--otlp-endpoint` is a base URL for both signals; so is OTEL_EXPORTER_OTLP_ENDPOINT, while
+    """`--otlp.endpoint` is a base URL for both signals; so is OTEL_EXPORTER_OTLP_ENDPOINT, while
     OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT is used as-is (the OTLP exporter specification's rule)."""
     specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
     general = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
     if flag:
-        url, as_is, what = flag, False, "--otlp-endpoint"
+        url, as_is, what = flag, False, "--otlp.endpoint"
     elif specific:
         url, as_is, what = specific, True, f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
     elif general:
@@ -343,9 +360,9 @@ def resolve(options: argparse.Namespace, environ: Mapping[str, str] | None = Non
     headers = dict(parse_env_headers(raw_headers, liberal=True)) if raw_headers.strip() else {}
     for name in headers:
         if not name or any(c.isspace() for c in name):
-            raise ValueError(f"--otlp-headers: bad header name {name!r}")
+            raise ValueError(f"--otlp.headers: bad header name {name!r}")
     if options.otlp_certificate and not os.path.isfile(options.otlp_certificate):
-        raise ValueError(f"--otlp-certificate: no such file: {options.otlp_certificate}")
+        raise ValueError(f"--otlp.certificate: no such file: {options.otlp_certificate}")
     return OtlpConfig(
         protocol=protocol,
         profiles=profiles,

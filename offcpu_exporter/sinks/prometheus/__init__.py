@@ -28,6 +28,13 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Prometheus (/metrics)")
     g.add_argument(
+        "--web.telemetry-path",
+        dest="web_telemetry_path",
+        default="/metrics",
+        metavar="PATH",
+        help="path under which the metrics are served (default %(default)s)",
+    )
+    g.add_argument(
         "--prometheus.top-stacks",
         dest="prometheus_top_stacks",
         type=int,
@@ -63,7 +70,10 @@ class PrometheusSink:
         max_processes: int = 200,
         stack_label: bool = False,
         bcc: str | None = None,
+        path: str = "/metrics",
     ) -> None:
+        if not path.startswith("/"):
+            raise ValueError(f"--web.telemetry-path must start with '/': {path!r}")
         if top_stacks < 0 or max_processes < 0:
             raise ValueError("--prometheus.top-stacks and --prometheus.max-processes must not be negative")
         self.stats = SinkStats()
@@ -80,7 +90,7 @@ class PrometheusSink:
         PlatformCollector(registry=self.process_registry)
         GCCollector(registry=self.process_registry)
         self.cache = ExpositionCache(self.registry, self.process_registry, self._state)
-        context.routes.add("/metrics", self.handle)
+        context.routes.add(path, self.handle)
 
     def _state(self) -> Hashable:
         stats = tuple(
@@ -112,4 +122,5 @@ def create(options: argparse.Namespace, context: SinkContext) -> PrometheusSink:
         top_stacks=options.prometheus_top_stacks,
         max_processes=options.prometheus_max_processes,
         stack_label=options.prometheus_stack_label,
+        path=options.web_telemetry_path,
     )

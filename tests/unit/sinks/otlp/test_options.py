@@ -10,25 +10,25 @@ from tests.support.otlp_sink import config_from_args
 
 def test_off_without_an_endpoint() -> None:
     assert config_from_args([]) is None
-    assert config_from_args(["--otlp-endpoint", "http://c:4317", "--no-otlp-profiles", "--no-otlp-metrics"]) is None
+    assert config_from_args(["--otlp.endpoint", "http://c:4317", "--no-otlp.profiles", "--no-otlp.metrics"]) is None
 
 
 def test_flag_endpoint_grpc_and_http() -> None:
-    grpc_cfg = config_from_args(["--otlp-endpoint", "http://collector:4317"])
+    grpc_cfg = config_from_args(["--otlp.endpoint", "http://collector:4317"])
     assert grpc_cfg is not None
     assert grpc_cfg.profiles == grpc_cfg.metrics == SignalEndpoint("collector:4317", insecure=True)
-    http_cfg = config_from_args(["--otlp-endpoint", "https://c.example:4318/otlp/", "--otlp-protocol", "http/protobuf"])
+    http_cfg = config_from_args(["--otlp.endpoint", "https://c.example:4318/otlp/", "--otlp.protocol", "http/protobuf"])
     assert http_cfg is not None
     assert http_cfg.profiles == SignalEndpoint("https://c.example:4318/otlp/v1development/profiles", False)
     assert http_cfg.metrics == SignalEndpoint("https://c.example:4318/otlp/v1/metrics", False)
 
 
 def test_bare_host_port_means_tls_unless_insecure() -> None:
-    cfg = config_from_args(["--otlp-endpoint", "collector:4317"])
+    cfg = config_from_args(["--otlp.endpoint", "collector:4317"])
     assert cfg is not None and cfg.profiles == SignalEndpoint("collector:4317", insecure=False)
-    cfg = config_from_args(["--otlp-endpoint", "collector:4317", "--otlp-insecure"])
+    cfg = config_from_args(["--otlp.endpoint", "collector:4317", "--otlp.insecure"])
     assert cfg is not None and cfg.profiles == SignalEndpoint("collector:4317", insecure=True)
-    cfg = config_from_args(["--otlp-endpoint", "collector:4318", "--otlp-protocol", "http/protobuf"])
+    cfg = config_from_args(["--otlp.endpoint", "collector:4318", "--otlp.protocol", "http/protobuf"])
     assert cfg is not None and cfg.metrics == SignalEndpoint("https://collector:4318/v1/metrics", False)
 
 
@@ -50,7 +50,7 @@ def test_environment_defaults() -> None:
     assert cfg.headers == {"x-scope-orgid": "tenant 1", "authorization": "Bearer abc"}
     assert cfg.timeout == 2.5 and cfg.metrics_interval == 30.0 and cfg.compression == "none"
     # flags win over the environment
-    cfg = config_from_args(["--otlp-endpoint", "http://other:4317", "--otlp-protocol", "grpc"], env)
+    cfg = config_from_args(["--otlp.endpoint", "http://other:4317", "--otlp.protocol", "grpc"], env)
     assert cfg is not None and cfg.profiles == SignalEndpoint("other:4317", True)
 
 
@@ -62,10 +62,10 @@ def test_insecure_from_environment() -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["--otlp-endpoint", "http://c:4318/v1/metrics"],  # a path on a gRPC endpoint
-        ["--otlp-endpoint", "ftp://c:21"],
-        ["--otlp-endpoint", "https://c:4317", "--otlp-insecure"],
-        ["--otlp-endpoint", "http://c:4317", "--otlp-certificate", "/nonexistent.pem"],
+        ["--otlp.endpoint", "http://c:4318/v1/metrics"],  # a path on a gRPC endpoint
+        ["--otlp.endpoint", "ftp://c:21"],
+        ["--otlp.endpoint", "https://c:4317", "--otlp.insecure"],
+        ["--otlp.endpoint", "http://c:4317", "--otlp.certificate", "/nonexistent.pem"],
     ],
 )
 def test_contradictions_are_errors(args: list[str]) -> None:
@@ -76,11 +76,11 @@ def test_contradictions_are_errors(args: list[str]) -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["--otlp-interval", "0"],
-        ["--otlp-timeout", "abc"],
-        ["--otlp-protocol", "http/json"],
-        ["--otlp-service-name", "{exe}-{nope}"],
-        ["--otlp-top-stacks", "0"],
+        ["--otlp.interval", "0"],
+        ["--otlp.timeout", "abc"],
+        ["--otlp.protocol", "http/json"],
+        ["--otlp.service-name", "{exe}-{nope}"],
+        ["--otlp.top-stacks", "0"],
     ],
 )
 def test_bad_values_exit_with_status_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -95,18 +95,18 @@ def test_bad_values_exit_with_status_2(args: list[str], capsys: pytest.CaptureFi
 def test_bad_environment_value_is_an_error_only_when_the_sink_is_on() -> None:
     assert config_from_args([], {"OTEL_EXPORTER_OTLP_TIMEOUT": "ten"}) is None
     with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_TIMEOUT"):
-        config_from_args(["--otlp-endpoint", "http://c:4317"], {"OTEL_EXPORTER_OTLP_TIMEOUT": "ten"})
+        config_from_args(["--otlp.endpoint", "http://c:4317"], {"OTEL_EXPORTER_OTLP_TIMEOUT": "ten"})
     with pytest.raises(ValueError, match="OTEL_METRIC_EXPORT_INTERVAL"):
-        config_from_args(["--otlp-endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "-5"})
+        config_from_args(["--otlp.endpoint", "http://c:4317"], {"OTEL_METRIC_EXPORT_INTERVAL": "-5"})
     with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_PROTOCOL='http/json' is not one of"):
         config_from_args(
             [], {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}
         )
     with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_COMPRESSION"):
-        config_from_args(["--otlp-endpoint", "http://c:4317"], {"OTEL_EXPORTER_OTLP_COMPRESSION": "deflate"})
+        config_from_args(["--otlp.endpoint", "http://c:4317"], {"OTEL_EXPORTER_OTLP_COMPRESSION": "deflate"})
     # the flag replaces a bad environment value
     cfg = config_from_args(
-        ["--otlp-endpoint", "http://c:4317", "--otlp-protocol", "grpc"], {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}
+        ["--otlp.endpoint", "http://c:4317", "--otlp.protocol", "grpc"], {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}
     )
     assert cfg is not None and cfg.protocol == "grpc"
 
@@ -117,6 +117,6 @@ def test_create_reports_contradictions_as_startup_errors() -> None:
 
     parser = argparse.ArgumentParser()
     add_arguments(parser, {})
-    options = parser.parse_args(["--otlp-endpoint", "http://c:4318/v1/metrics"])
+    options = parser.parse_args(["--otlp.endpoint", "http://c:4318/v1/metrics"])
     with pytest.raises(ValueError, match="gRPC endpoint has no path"):
         create(options, context_of(lambda: None))  # type: ignore[arg-type,return-value]
