@@ -19,7 +19,7 @@ FIXED_METRICS = frozenset({
     "offcpu_stack_seconds_total", "offcpu_stack_switches_total",
     "offcpu_block_duration_seconds",
     *(f"offcpu_exporter_{n}" for n in (
-        "probe_attached", "probe_hooked_symbol", "lost_stacks_total", "map_entries", "map_capacity",
+        "probe_attached", "probe_hooked_symbol_info", "lost_stacks_total", "map_entries", "map_capacity",
         "map_dropped_total", "dropped_seconds_total", "spilled_stacks_total", "symbolization_failures_total",
         "last_flush_duration_seconds", "flushes_total", "targets", "sink_sent_total", "sink_dropped_total",
         "sink_retried_total", "sink_failed_total", "cardinality_overflow_total", "build_info")),

@@ -246,6 +246,8 @@ def test_describe_lists_every_family_without_samples() -> None:
     assert described["offcpu_seconds"] == "counter"
     assert described["offcpu_block_duration_seconds"] == "histogram"
     assert described["offcpu_exporter_probe_attached"] == "gauge"
+    # Every constant-1 metric with descriptive labels is an info metric named ..._info.
+    assert described["offcpu_exporter_build"] == described["offcpu_exporter_probe_hooked_symbol"] == "info"
     collected = {m.name for m in col.collect()}
     assert collected == set(described)
     reg = CollectorRegistry()
@@ -286,7 +288,7 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
     reg.register(OffCPUCollector(lambda: snap, lambda: [FakeSink()], Selection(), bcc="0.26.0"))  # type: ignore[list-item]
     text = generate_latest(reg).decode()
     assert samples(text, "offcpu_exporter_probe_attached") == [({"mode": "tracepoint"}, 1.0)]
-    assert samples(text, "offcpu_exporter_probe_hooked_symbol") == [
+    assert samples(text, "offcpu_exporter_probe_hooked_symbol_info") == [
         ({"mode": "tracepoint", "symbol": "sched:sched_switch"}, 1.0)
     ]
     assert {(lab["half"], lab["reason"]): v for lab, v in samples(text, "offcpu_exporter_lost_stacks_total")} == {
