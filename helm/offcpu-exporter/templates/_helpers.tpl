@@ -53,6 +53,9 @@ app.kubernetes.io/component: node-agent
 - --web.listen-address=:{{ .Values.web.port }}
 - --attach={{ .Values.probe.attach }}
 - --flush-interval={{ .Values.flushInterval }}
+{{- if and .Values.securityContext.dropPrivileges (not .Values.securityContext.privileged) }}
+- --drop-privileges
+{{- end }}
 {{- $t := .Values.targets }}
 {{- range $t.pids }}
 - --pid={{ . }}
