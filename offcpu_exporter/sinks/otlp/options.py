@@ -17,7 +17,7 @@ import os
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import grpc
@@ -134,72 +134,27 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         "not given, each signal takes its OTEL_EXPORTER_OTLP_<SIGNAL>_* variable, then the generic "
         "OTEL_EXPORTER_OTLP_* one (durations there in milliseconds), then the default.",
     )
-    group.add_argument(
-        "--otlp.endpoint",
-        dest="otlp_endpoint",
-        metavar="URL",
-        default=None,
-        help="collector base URL, e.g. http://127.0.0.1:4317 (grpc) or http://127.0.0.1:4318 "
-        "(http/protobuf); a bare host:port means TLS unless --otlp.insecure " + _env("ENDPOINT"),
-    )
-    group.add_argument(
-        "--otlp.protocol",
-        dest="otlp_protocol",
-        choices=PROTOCOLS,
-        default=None,
-        help="transport (default: grpc) " + _env("PROTOCOL"),
-    )
-    group.add_argument(
-        "--otlp.insecure",
-        dest="otlp_insecure",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="plaintext instead of TLS; default: plaintext for http:// URLs, TLS otherwise " + _env("INSECURE"),
-    )
-    group.add_argument(
-        "--otlp.headers",
-        dest="otlp_headers",
-        metavar="K=V,...",
-        default=None,
-        help="request headers / gRPC metadata, e.g. X-Scope-OrgID=tenant1 (values URL-encoded) " + _env("HEADERS"),
-    )
-    group.add_argument(
-        "--otlp.timeout",
-        dest="otlp_timeout",
-        metavar="DURATION",
-        type=seconds,
-        default=None,
-        help="timeout of one export attempt (default: 10s) " + _env("TIMEOUT"),
-    )
-    group.add_argument(
-        "--otlp.compression",
-        dest="otlp_compression",
-        choices=COMPRESSIONS,
-        default=None,
-        help="(default: gzip) " + _env("COMPRESSION"),
-    )
-    group.add_argument(
-        "--otlp.certificate",
-        dest="otlp_certificate",
-        metavar="PEM",
-        default=None,
-        help="CA bundle to verify the collector's TLS certificate (default: the system's) " + _env("CERTIFICATE"),
-    )
-    group.add_argument(
-        "--otlp.client-certificate",
-        dest="otlp_client_certificate",
-        metavar="PEM",
-        default=None,
-        help="mTLS: this exporter's certificate (chain), for collectors that require one "
-        + _env("CLIENT_CERTIFICATE"),
-    )
-    group.add_argument(
-        "--otlp.client-key",
-        dest="otlp_client_key",
-        metavar="PEM",
-        default=None,
-        help="mTLS: the private key of --otlp.client-certificate " + _env("CLIENT_KEY"),
-    )
+    # The transport settings: each flag sets both signals; unset, each signal reads its variables.
+    def transport(setting: str, what: str, **kwargs: Any) -> None:
+        flag = setting.lower().replace("_", "-")
+        group.add_argument(f"--otlp.{flag}", dest=f"otlp_{setting.lower()}", default=None,
+                           help=f"{what} {_env(setting)}", **kwargs)
+
+    transport("ENDPOINT", "collector base URL, e.g. http://127.0.0.1:4317 (grpc) or http://127.0.0.1:4318 "
+              "(http/protobuf); a bare host:port means TLS unless --otlp.insecure", metavar="URL")
+    transport("PROTOCOL", "transport (default: grpc)", choices=PROTOCOLS)
+    transport("INSECURE", "plaintext instead of TLS; default: plaintext for http:// URLs, TLS otherwise",
+              action=argparse.BooleanOptionalAction)
+    transport("HEADERS", "request headers / gRPC metadata, e.g. X-Scope-OrgID=tenant1 (values URL-encoded)",
+              metavar="K=V,...")
+    transport("TIMEOUT", "timeout of one export attempt (default: 10s; milliseconds in the variables)",
+              metavar="DURATION", type=seconds)
+    transport("COMPRESSION", "(default: gzip)", choices=COMPRESSIONS)
+    transport("CERTIFICATE", "CA bundle to verify the collector's TLS certificate (default: the system's)",
+              metavar="PEM")
+    transport("CLIENT_CERTIFICATE", "mTLS: this exporter's certificate (chain), for collectors that require one",
+              metavar="PEM")
+    transport("CLIENT_KEY", "mTLS: the private key of --otlp.client-certificate", metavar="PEM")
     group.add_argument(
         "--otlp.interval",
         dest="otlp_interval",
