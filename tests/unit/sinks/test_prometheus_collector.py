@@ -413,3 +413,21 @@ def test_gzip_stream_continues_correctly_when_the_process_part_changes() -> None
             f"tick {float(tick)}".encode(), b""
         )
     assert cache.renders == 1
+
+
+def test_telemetry_path_is_node_exporters_flag() -> None:
+    routes = Routes()
+    snap = Builder().snapshot()
+    ctx = SinkContext(latest=lambda: snap, flush_now=lambda t: snap, routes=routes)
+    parser = argparse.ArgumentParser()
+    prom_sink.add_arguments(parser)
+    assert parser.parse_args([]).web_telemetry_path == "/metrics"
+    sink = prom_sink.create(parser.parse_args(["--web.telemetry-path", "/offcpu/metrics"]), ctx)
+    ctx.sinks.append(sink)
+    assert routes.get("/metrics") is None
+    handler = routes.get("/offcpu/metrics")
+    assert handler is not None
+    assert b"offcpu_exporter_build_info" in handler(Request("GET", "/offcpu/metrics", {}, {})).body
+    with pytest.raises(ValueError, match="must start with '/'"):
+        prom_sink.create(parser.parse_args(["--web.telemetry-path", "metrics"]), SinkContext(
+            latest=lambda: snap, flush_now=lambda t: snap, routes=Routes()))
