@@ -58,7 +58,7 @@ def main() -> int:
     args = parser.parse_args()
     options = argparse.ArgumentParser()
     add_arguments(options)
-    sink_options = options.parse_args(["--skywalking-file", "/dev/null"])
+    sink_options = options.parse_args(["--skywalking.file", "/dev/null"])
     print(f"{'stacks':>8} {'publish ms':>11} {'encode ms':>10} {'encode / 5 s flush':>19}")
     for n in (int(x) for x in args.stacks.split(",")):
         snap = build(n)

@@ -83,11 +83,11 @@ def measure(duration: float, warmup: float, rate: float, stacks: int) -> Result:
         args = ["serve", "--web.listen-address", f"127.0.0.1:{port}", "--pid", str(workload.pid)]
         if receiver is not None:
             # OTLP profiles and metrics pushed to a gRPC receiver in this process, at the default interval.
-            args += ["--otlp-endpoint", receiver.endpoint]
+            args += ["--otlp.endpoint", receiver.endpoint]
     else:
         args = ["record", "--pid", str(workload.pid), "--duration", str(warmup + duration + 30), "-o", os.devnull]
     log = tempfile.NamedTemporaryFile("w+", prefix="offcpu-steady-", suffix=".log", delete=False)  # noqa: SIM115
-    exporter = subprocess.Popen([sys.executable, "-m", "offcpu_exporter", *args, "--log-level", "warning"], cwd=ROOT,
+    exporter = subprocess.Popen([sys.executable, "-m", "offcpu_exporter", *args, "--log.level", "warning"], cwd=ROOT,
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
     scrapes: list[float] = []
     scrape_bytes = 0

@@ -13,18 +13,19 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import BinaryIO
 
-from offcpu_exporter import __version__
+from offcpu_exporter import __version__, logfmt
 from offcpu_exporter.config import (
     ConfigError,
+    Duration,
     apply_config_file,
     config_path,
-    parse_duration,
+    deprecated_spellings,
     parse_regex,
-    positive_float,
     positive_int,
+    replace_deprecated,
+    seconds,
 )
 from offcpu_exporter.k8s import selection as k8s_selection
-from offcpu_exporter.logfmt import configure_logging
 
 __all__ = ["main"]
 
@@ -39,16 +40,25 @@ SINK_MODULES: tuple[str, ...] = (
 )
 
 
+# --min-block/--max-block: nanoseconds for the probe; bare numbers in microseconds, as they always were.
+BLOCK_DURATION = Duration("ns", bare_unit="us", allow_zero=True)
+
 EXAMPLES = """\
 examples:
   offcpu-exporter serve --all                       every process; /metrics on :9961
   offcpu-exporter serve --comm '^(nginx|postgres)$' --flush-interval 10
-  offcpu-exporter serve --config /etc/offcpu-exporter.yml
+  offcpu-exporter serve --config.file /etc/offcpu-exporter.yml
   offcpu-exporter record --pid 1234 --duration 30 --format folded -o out.folded
   offcpu-exporter record --comm myapp --duration 10 --format text
   offcpu-exporter record --pid 1234 --duration 60 --format html -o offcpu.html
   offcpu-exporter record --pid 1234 --duration 30 --format pprof -o offcpu.pb.gz
   offcpu-exporter doctor                            what this kernel supports
+
+flags: the options of a component or output are named --component.option, as node_exporter's
+(--web.listen-address, --log.level, --otlp.endpoint, --skywalking.endpoint); those of the exporter
+itself have no prefix (--pid, --flush-interval). Booleans are turned off with --no-, e.g.
+--no-otlp.metrics. Durations are written as Go writes them: 500ms, 10s, 1m30s, 2h. A config file
+(--config.file) takes the same names without the dashes: `otlp.endpoint: http://collector:4317`.
 """
 
 
@@ -76,8 +86,8 @@ def _add_targets(p: argparse.ArgumentParser) -> None:
     g.add_argument("--all", action="store_true", help="every process but the exporter itself and the idle task")
     g.add_argument("--follow-children", action="store_true",
                    help="also watch processes forked by watched ones, from their first instruction")
-    g.add_argument("--targets-interval", type=positive_float, default=1.0, metavar="SECONDS",
-                   help="how often /proc is scanned for new and exited processes (default 1)")
+    g.add_argument("--targets-interval", type=seconds, default=1.0, metavar="DURATION",
+                   help="how often /proc is scanned for new and exited processes (default 1s)")
 
 
 def _add_probe(p: argparse.ArgumentParser) -> None:
@@ -86,10 +96,10 @@ def _add_probe(p: argparse.ArgumentParser) -> None:
                    default=os.environ.get("OFFCPU_ATTACH", "auto"),
                    help="kprobe on finish_task_switch, the sched:sched_switch tracepoint, or auto (default)")
     g.add_argument("--per-thread", action="store_true", help="keep threads apart instead of summing per process")
-    g.add_argument("--min-block", type=parse_duration, default=0, metavar="DURATION",
+    g.add_argument("--min-block", type=BLOCK_DURATION, default=0, metavar="DURATION",
                    help="ignore blocks shorter than this (e.g. 100us; bare numbers are microseconds)")
-    g.add_argument("--max-block", type=parse_duration, default=(1 << 64) - 1, metavar="DURATION",
-                   help="ignore blocks longer than this")
+    g.add_argument("--max-block", type=BLOCK_DURATION, default=(1 << 64) - 1, metavar="DURATION",
+                   help="ignore blocks longer than this (bare numbers are microseconds)")
     g.add_argument("--stack-storage-size", type=positive_int, default=16384, metavar="N",
                    help="distinct stacks the kernel can hold (default 16384; ~1 KiB each)")
     g.add_argument("--stack-sampling", choices=("on", "off"), default="on",
@@ -112,17 +122,18 @@ def _add_probe(p: argparse.ArgumentParser) -> None:
 
 def _add_aggregate(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("aggregation")
-    g.add_argument("--flush-interval", type=positive_float, default=5.0, metavar="SECONDS",
-                   help="how often the kernel counters are read (default 5, as SkyWalking Rover)")
-    g.add_argument("--exited-grace", type=positive_float, default=60.0, metavar="SECONDS",
-                   help="how long an exited process stays in the outputs (default 60)")
-    g.add_argument("--history", type=positive_float, default=900.0, metavar="SECONDS",
-                   help="snapshots kept in memory for /flamegraph (default 900)")
+    g.add_argument("--flush-interval", type=seconds, default=5.0, metavar="DURATION",
+                   help="how often the kernel counters are read (default 5s, as SkyWalking Rover)")
+    g.add_argument("--exited-grace", type=seconds, default=60.0, metavar="DURATION",
+                   help="how long an exited process stays in the outputs (default 1m)")
+    g.add_argument("--history", type=seconds, default=900.0, metavar="DURATION",
+                   help="snapshots kept in memory for /flamegraph (default 15m)")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="YAML file of options (long names without dashes)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    p.add_argument("--config.file", dest="config", metavar="FILE",
+                   help="YAML file of options (flag names without the leading dashes)")
+    logfmt.add_arguments(p)
 
 
 def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentParser:
@@ -148,7 +159,8 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
                             epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     for add in (_add_common, _add_targets, k8s_selection.add_arguments, _add_probe):
         add(record)
-    record.add_argument("--duration", type=positive_float, default=10.0, metavar="SECONDS")
+    record.add_argument("--duration", type=seconds, default=10.0, metavar="DURATION",
+                        help="how long to record (default 10s)")
     from offcpu_exporter.formats import FORMATS
 
     record.add_argument("--format", choices=FORMATS, default="folded",
@@ -157,7 +169,7 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
     record.add_argument("-o", "--output", default="-", metavar="FILE", help="default: standard output")
 
     doctor = sub.add_parser("doctor", help="what this kernel supports, and what to do about what it lacks")
-    doctor.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
+    logfmt.add_arguments(doctor, level="warning")
     doctor.add_argument("--attach", choices=("auto", "kprobe", "tracepoint"),
                         default=os.environ.get("OFFCPU_ATTACH", "auto"))
     doctor.add_argument("--load", action="store_true", help="also compile and attach the probe, then detach")
@@ -172,17 +184,20 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     modules = _sink_modules()
     parser = build_parser(modules)
+    old = deprecated_spellings(_subparsers(parser))
+    argv, deprecated = replace_deprecated(argv, old)
     path = config_path(argv)
     if path is not None:
         try:
             # The config file fills defaults of the subcommand it is given to.
             command = next((a for a in argv if not a.startswith("-")), None)
             sub = _subparser(parser, command)
-            apply_config_file(sub, path)
+            deprecated += apply_config_file(sub, path, old)
         except ConfigError as e:
             parser.error(str(e))
     options = parser.parse_args(argv)
     options._sink_modules = modules
+    options._deprecated = deprecated
     if options.command == "serve":
         from offcpu_exporter.web.config import WebConfigError
         from offcpu_exporter.web.server import parse_listen_address
@@ -211,11 +226,16 @@ def _extra_selectors(options: argparse.Namespace) -> bool:
                 or getattr(options, "container", None))
 
 
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for sub in action.choices.values()]
+
+
 def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction) and command in action.choices:
             return action.choices[command]  # type: ignore[no-any-return]
-    raise ConfigError("--config goes after a subcommand (serve or record)")
+    raise ConfigError("--config.file goes after a subcommand (serve or record)")
 
 
 # -- wiring ---------------------------------------------------------------------------------
@@ -419,7 +439,9 @@ def cmd_doctor(options: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     options = parse_args(args)
-    configure_logging(options.log_level)
+    logfmt.configure_logging(options.log_level, options.log_format)
+    for old, new in options._deprecated:
+        log.warning("%s is deprecated and will be removed: use %s", old, new)
     commands = {"serve": cmd_serve, "record": cmd_record, "doctor": cmd_doctor}
     handler = commands.get(options.command) or getattr(options, "handler", None)
     if handler is None:

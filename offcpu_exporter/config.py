@@ -1,42 +1,116 @@
 """Options flow one way: config file < environment defaults < flags, into one frozen namespace.
 
-A config file (YAML) maps long option names, without the leading dashes, to values of the right
-type: `flush-interval: 5`, `pid: [1234, 5678]`, `web.listen-address: "127.0.0.1:9961"`. Values are
-checked with the same converters as the flags, so a wrong type is an error at start-up.
+A config file (YAML) maps the flag names, without the leading dashes, to values of the right
+type: `flush-interval: 5s`, `pid: [1234, 5678]`, `web.listen-address: "127.0.0.1:9961"`,
+`otlp.endpoint: http://collector:4317`. Values are checked with the same converters as the flags,
+so a wrong type is an error at start-up.
+
+Flags follow node_exporter's style: the options of a component are `--component.option`
+(`--web.listen-address`, `--log.level`, `--otlp.endpoint`). The dashed spellings they had before
+(`--log-level`, `--otlp-endpoint`, `--config`) are still accepted, on the command line and as config
+file keys, and logged as deprecated; `--help` shows only the current names.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
-__all__ = ["ConfigError", "apply_config_file", "parse_duration", "parse_regex", "positive_float", "positive_int"]
+__all__ = [
+    "ConfigError",
+    "Duration",
+    "apply_config_file",
+    "config_path",
+    "deprecated_spellings",
+    "format_duration",
+    "parse_duration",
+    "parse_regex",
+    "parse_seconds",
+    "positive_int",
+    "replace_deprecated",
+    "seconds",
+]
 
 
 class ConfigError(Exception):
     pass
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)?\s*$")
-_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000,
-            "h": 3_600_000_000_000}
+# Go's time.ParseDuration units (https://pkg.go.dev/time#ParseDuration), as Prometheus and the
+# exporters scraped with it take durations: `500ms`, `10s`, `1m30s`, `2h`.
+_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "μs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
+            "m": 60_000_000_000, "h": 3_600_000_000_000}
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_PART = re.compile(rf"({_NUMBER})(ns|us|µs|μs|ms|s|m|h)")
+_BARE = re.compile(_NUMBER)
+
+
+def _nanoseconds(text: str, bare_unit: str) -> float:
+    s = str(text).strip()
+    if _BARE.fullmatch(s):
+        return float(s) * _UNIT_NS[bare_unit]
+    total, at = 0.0, 0
+    for m in _PART.finditer(s):
+        if m.start() != at:
+            break
+        total += float(m.group(1)) * _UNIT_NS[m.group(2)]
+        at = m.end()
+    if at == 0 or at != len(s):
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r} (use e.g. 500ms, 10s, 1m30s, 2h; a bare number is in {bare_unit})"
+        )
+    return total
 
 
 def parse_duration(text: str, default_unit: str = "us") -> int:
-    """A duration in nanoseconds: `500us`, `10ms`, `2s`; a bare number is in `default_unit`."""
-    m = _DURATION.match(str(text))
-    if not m:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use e.g. 500us, 10ms, 2s)")
-    return int(float(m.group(1)) * _UNIT_NS[m.group(2) or default_unit])
+    """A duration in nanoseconds, Go-style (`500us`, `10ms`, `1m30s`); a bare number is in `default_unit`."""
+    return round(_nanoseconds(text, default_unit))
 
 
 def parse_seconds(text: str) -> float:
     """Seconds as a float: `5`, `0.5`, `500ms`, `2m`."""
-    return parse_duration(text, default_unit="s") / 1e9
+    return _nanoseconds(text, "s") / 1e9
+
+
+class Duration:
+    """The argparse type of every time option: a Go-style duration (`500ms`, `10s`, `1m30s`, `2h`),
+    returned as a number of `unit`s (nanoseconds as an int); a bare number is in `bare_unit`,
+    which defaults to `unit`, so every option keeps the unit its bare numbers always had."""
+
+    def __init__(self, unit: str = "s", bare_unit: str | None = None, allow_zero: bool = False) -> None:
+        self.unit = unit
+        self.bare_unit = bare_unit or unit
+        self.allow_zero = allow_zero
+        self.__name__ = "duration"
+
+    def __call__(self, text: str) -> float:
+        ns = _nanoseconds(text, self.bare_unit)
+        if (ns == 0 and not self.allow_zero) or ns < 0:
+            raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+        return round(ns) if self.unit == "ns" else ns / _UNIT_NS[self.unit]
+
+    def __repr__(self) -> str:
+        return f"Duration({self.unit!r}, bare_unit={self.bare_unit!r})"
+
+
+seconds = Duration("s")
+
+
+def format_duration(value: float, unit: str = "s") -> str:
+    """`90.0` -> `1m30s`, `0.5` -> `500ms`: how --help shows a default, in the syntax the option takes."""
+    ns = round(value * _UNIT_NS[unit])
+    if ns == 0:
+        return "0s"
+    out = []
+    for name in ("h", "m", "s", "ms", "us", "ns"):
+        n, ns = divmod(ns, _UNIT_NS[name])
+        if n:
+            out.append(f"{n}{name}")
+    return "".join(out)
 
 
 def parse_regex(text: str) -> re.Pattern[str]:
@@ -44,21 +118,6 @@ def parse_regex(text: str) -> re.Pattern[str]:
         return re.compile(text)
     except re.error as e:
         raise argparse.ArgumentTypeError(f"invalid regular expression {text!r}: {e}") from None
-
-
-def positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    """An argparse type: a plain number of `kind` (int, float) that must be above zero."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-        return value
-
-    return parse
 
 
 def positive_int(text: str) -> int:
@@ -71,14 +130,38 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = parse_seconds(text)
-    except argparse.ArgumentTypeError:
-        raise
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
+# Groups whose flags were `--group-option` before they took the dotted style.
+_FORMERLY_DASHED = re.compile(r"--(no-)?(log|otlp|skywalking|kubernetes)\.(.+)")
+_RENAMED = {"--config": "--config.file"}
+
+
+def deprecated_spellings(parsers: Sequence[argparse.ArgumentParser]) -> dict[str, str]:
+    """Old spelling -> current flag: `--otlp-endpoint` -> `--otlp.endpoint`, `--no-otlp-metrics` ->
+    `--no-otlp.metrics`, `--log-level` -> `--log.level`, `--config` -> `--config.file`."""
+    old = dict(_RENAMED)
+    for parser in parsers:
+        for action in parser._actions:
+            for flag in action.option_strings:
+                m = _FORMERLY_DASHED.fullmatch(flag)
+                if m:
+                    old[f"--{m[1] or ''}{m[2]}-{m[3]}"] = flag
+    return old
+
+
+def replace_deprecated(argv: Sequence[str], old: dict[str, str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """`argv` with old spellings replaced, and the (old, new) pairs that were used."""
+    out: list[str] = []
+    used: list[tuple[str, str]] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            out.extend(argv[i:])
+            break
+        name, eq, value = arg.partition("=")
+        if name in old:
+            used.append((name, old[name]))
+            arg = old[name] + eq + value
+        out.append(arg)
+    return out, used
 
 
 def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
@@ -124,8 +207,11 @@ def _convert(action: argparse.Action, name: str, value: Any) -> Any:
     return one(value)
 
 
-def apply_config_file(parser: argparse.ArgumentParser, path: str) -> None:
-    """Load `path` and make its values the parser's defaults (flags still override them)."""
+def apply_config_file(
+    parser: argparse.ArgumentParser, path: str, old: dict[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """Load `path` and make its values the parser's defaults (flags still override them). Returns the
+    deprecated keys it used, with their current names (`old`, from `deprecated_spellings`)."""
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
@@ -136,24 +222,30 @@ def apply_config_file(parser: argparse.ArgumentParser, path: str) -> None:
         at = f" at line {where.line + 1}" if where is not None else ""
         raise ConfigError(f"config file {path} is not valid YAML{at}") from None
     if data is None:
-        return
+        return []
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of option names to values")
     actions = _actions(parser)
     defaults: dict[str, Any] = {}
+    used: list[tuple[str, str]] = []
     for key, value in data.items():
         name = str(key)
+        current = (old or {}).get(f"--{name}") or (old or {}).get(f"--{name.replace('_', '-')}")
+        if current is not None:
+            used.append((name, current[2:]))
+            name = current[2:]
         action = actions.get(name) or actions.get(name.replace("_", "-"))
-        if action is None or name in ("config", "help"):
-            raise ConfigError(f"config file {path}: unknown option {name!r}")
+        if action is None or name in ("config", "config.file", "help"):
+            raise ConfigError(f"config file {path}: unknown option {str(key)!r}")
         defaults[action.dest] = _convert(action, name, value)
     parser.set_defaults(**defaults)
+    return used
 
 
 def config_path(argv: Sequence[str]) -> str | None:
     for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
+        if arg == "--config.file" and i + 1 < len(argv):
             return argv[i + 1]
-        if arg.startswith("--config="):
+        if arg.startswith("--config.file="):
             return arg.split("=", 1)[1]
     return None

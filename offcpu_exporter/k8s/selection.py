@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from offcpu_exporter.config import positive
+from offcpu_exporter.config import seconds
 from offcpu_exporter.k8s.cgroup import ContainerIdentity
 from offcpu_exporter.k8s.metadata import SERVICE_ACCOUNT_DIR, PodMetadata
 
@@ -48,13 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--container", action="append", default=[], metavar="NAME|ID",
                        help="watch processes of containers with this name, or this container id or "
                             "id prefix of 12+ hex digits (repeatable: any of them)")
-    group.add_argument("--kubernetes-metadata", choices=("auto", "off"), default="auto",
+    group.add_argument("--kubernetes.metadata", dest="kubernetes_metadata", choices=("auto", "off"),
+                       default="auto",
                        help="auto: ask the Kubernetes API for pod names when in a cluster; off: never "
                             "(default: %(default)s)")
-    group.add_argument("--kubernetes-refresh-interval", type=positive(float), default=30.0,
-                       metavar="SECONDS",
-                       help="how often the pods of this node are listed (default: %(default)s)")
-    group.add_argument("--kubernetes-service-account-dir", default=SERVICE_ACCOUNT_DIR, metavar="DIR",
+    group.add_argument("--kubernetes.refresh-interval", dest="kubernetes_refresh_interval", type=seconds,
+                       default=30.0, metavar="DURATION",
+                       help="how often the pods of this node are listed (default: 30s)")
+    group.add_argument("--kubernetes.service-account-dir", dest="kubernetes_service_account_dir",
+                       default=SERVICE_ACCOUNT_DIR, metavar="DIR",
                        help="where the service account's token and ca.crt are (default: %(default)s)")
 
 

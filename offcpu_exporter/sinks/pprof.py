@@ -1,8 +1,12 @@
-"""On-demand profiles over HTTP: ``/debug/pprof/profile?seconds=N`` (also ``/debug/pprof/offcpu``)
-returns a gzip pprof of the next N seconds, as Go's net/http/pprof does, so that
-``go tool pprof http://HOST:PORT/debug/pprof/profile?seconds=30``, Parca and Grafana
-Alloy/Pyroscope scrapers read it; ``/flamegraph?minutes=N`` shows the last N minutes from the
-in-memory snapshot history as an interactive flame graph.
+"""On-demand profiles over HTTP: ``/debug/pprof/offcpu?seconds=N`` returns a gzip pprof of the
+next N seconds, as Go's net/http/pprof does for CPU, so that
+``go tool pprof http://HOST:PORT/debug/pprof/offcpu?seconds=30``, Parca and Grafana Alloy read it;
+``/flamegraph?minutes=N`` shows the last N minutes from the in-memory snapshot history as an
+interactive flame graph.
+
+``/debug/pprof/profile`` is Go's *CPU* profile, and Pyroscope, Grafana Alloy and Parca scrape it
+as CPU time by default: off-CPU time served there would be stored and shown as CPU time. It
+answers 404 with a pointer to the off-CPU path instead.
 
 This sink publishes nothing per flush: it only registers HTTP handlers. A profile request asks
 the pipeline for a flush now and another one N seconds later, so its interval is exact and
@@ -20,7 +24,7 @@ import time
 from dataclasses import replace
 
 from offcpu_exporter import formats
-from offcpu_exporter.config import positive
+from offcpu_exporter.config import Duration, positive_int, seconds
 from offcpu_exporter.formats import Profile, ProfileFilter
 from offcpu_exporter.formats import flamegraph as flamegraph_format
 from offcpu_exporter.formats import pprof as pprof_format
@@ -32,7 +36,8 @@ __all__ = ["PprofSink", "add_arguments", "create"]
 
 log = logging.getLogger(__name__)
 
-PROFILE_PATHS = ("/debug/pprof/profile", "/debug/pprof/offcpu")
+PROFILE_PATH = "/debug/pprof/offcpu"
+CPU_PROFILE_PATH = "/debug/pprof/profile"
 INDEX_PATH = "/debug/pprof/"
 FLAMEGRAPH_PATH = "/flamegraph"
 DEFAULT_SECONDS = 30.0
@@ -45,7 +50,7 @@ _WARN_EVERY = 60.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "pprof and flame graphs",
-        f"HTTP endpoints on the web server: {', '.join(PROFILE_PATHS)}?seconds=N (gzip pprof), "
+        f"HTTP endpoints on the web server: {PROFILE_PATH}?seconds=N (gzip pprof), "
         f"{FLAMEGRAPH_PATH}?minutes=N (HTML). They cost nothing until requested.",
     )
     group.add_argument(
@@ -57,15 +62,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pprof.max-seconds",
         dest="pprof_max_seconds",
-        type=positive(float),
+        type=seconds,
         default=300.0,
-        metavar="S",
-        help="longest profile a request may ask for with ?seconds= (default: %(default)g)",
+        metavar="DURATION",
+        help="longest profile a request may ask for with ?seconds= (default: 5m)",
     )
     group.add_argument(
         "--pprof.max-concurrent",
         dest="pprof_max_concurrent",
-        type=positive(int),
+        type=positive_int,
         default=4,
         metavar="N",
         help="profile requests served at once; more get 429 Too Many Requests (default: %(default)d)",
@@ -73,10 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--flamegraph.max-minutes",
         dest="flamegraph_max_minutes",
-        type=positive(float),
+        type=Duration("m"),
         default=60.0,
-        metavar="M",
-        help="longest history /flamegraph may show with ?minutes= (default: %(default)g); "
+        metavar="DURATION",
+        help="longest history /flamegraph may show with ?minutes= (default: 1h; bare numbers are minutes); "
         "it can show no more than the snapshot history the exporter keeps",
     )
 
@@ -168,8 +173,8 @@ class PprofSink:
         self._warned: dict[str, float] = {}
 
     def register(self, routes: Routes) -> None:
-        for path in PROFILE_PATHS:
-            routes.add(path, self.profile)
+        routes.add(PROFILE_PATH, self.profile)
+        routes.add(CPU_PROFILE_PATH, self.not_cpu)
         routes.add(INDEX_PATH, self.index)
         routes.add(FLAMEGRAPH_PATH, self.flamegraph)
 
@@ -186,7 +191,15 @@ class PprofSink:
             self._warned[what] = now
             log.warning(message, *args)
 
-    # GET /debug/pprof/profile?seconds=N
+    # GET /debug/pprof/profile
+    def not_cpu(self, request: Request) -> Response:
+        return _text(
+            404,
+            f"{CPU_PROFILE_PATH} is a CPU profile, which this exporter does not make; "
+            f"its off-CPU profile is {PROFILE_PATH}?seconds=N",
+        )
+
+    # GET /debug/pprof/offcpu?seconds=N
     def profile(self, request: Request) -> Response:
         try:
             seconds = _number(request, "seconds", DEFAULT_SECONDS, self.max_seconds)
@@ -272,9 +285,9 @@ class PprofSink:
 
     # GET /debug/pprof/
     def index(self, request: Request) -> Response:
-        rows = "".join(
-            f'<li><a href="{path}?seconds=30">{path}</a>?seconds=N: off-CPU pprof of the next N seconds</li>'
-            for path in PROFILE_PATHS
+        rows = (
+            f'<li><a href="{PROFILE_PATH}?seconds=30">{PROFILE_PATH}</a>?seconds=N: '
+            "off-CPU pprof of the next N seconds</li>"
         )
         page = (
             "<!DOCTYPE html><html><head><meta charset='utf-8'><title>/debug/pprof/</title></head><body>"
@@ -283,6 +296,6 @@ class PprofSink:
             "flame graph of the last N minutes</li>"
             "</ul><p>Filters: pid=PID[,PID...], comm=REGEX. "
             f"Longest profile: {self.max_seconds:g} s.</p>"
-            "<p><code>go tool pprof http://HOST:PORT/debug/pprof/profile?seconds=30</code></p></body></html>"
+            f"<p><code>go tool pprof http://HOST:PORT{PROFILE_PATH}?seconds=30</code></p></body></html>"
         )
         return Response(200, page.encode(), "text/html; charset=utf-8")

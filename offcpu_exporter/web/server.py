@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from offcpu_exporter.config import format_duration, seconds
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.web import Request, Response, Routes
 from offcpu_exporter.web.auth import BasicAuth
@@ -97,18 +98,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--web.read-header-timeout",
         dest="web_read_header_timeout",
-        type=float,
+        type=seconds,
         default=d.read_header_timeout,
-        metavar="SECONDS",
-        help="time a client has to send a request's headers (and body) (default %(default)s)",
+        metavar="DURATION",
+        help="time a client has to send a request's headers (and body) "
+        f"(default {format_duration(d.read_header_timeout)})",
     )
     g.add_argument(
         "--web.idle-timeout",
         dest="web_idle_timeout",
-        type=float,
+        type=seconds,
         default=d.idle_timeout,
-        metavar="SECONDS",
-        help="keep-alive connections idle this long are closed (default %(default)s)",
+        metavar="DURATION",
+        help=f"keep-alive connections idle this long are closed (default {format_duration(d.idle_timeout)})",
     )
     g.add_argument(
         "--web.max-header-bytes",

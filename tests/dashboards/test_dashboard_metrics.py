@@ -43,13 +43,14 @@ def test_variables_cover_instance_namespace_pod_process_and_datasources() -> Non
 
 def test_every_metric_is_declared_by_the_prometheus_sink() -> None:
     # The sink's collector (offcpu_exporter/sinks/prometheus) declares its families up front (describe()):
-    # the dashboard's metrics are among them, with the exposition's names (_total on counters).
+    # the dashboard's metrics are among them, with the exposition's names (_total on counters, _info on infos).
     from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
     from offcpu_exporter.sinks.prometheus.selection import Selection
     from offcpu_exporter.snapshot import Snapshot
 
     collector = OffCPUCollector(lambda: Snapshot.empty(), lambda: [], Selection(), bcc="x")
-    exposed = {m.name + ("_total" if m.type == "counter" else "") for m in collector.describe()}
+    suffix = {"counter": "_total", "info": "_info"}
+    exposed = {m.name + suffix.get(m.type, "") for m in collector.describe()}
     used = {base_name(n) for q in queries(load()) for n in metric_names(q.expr)}
     assert used <= exposed, sorted(used - exposed)
     # And the sink exports exactly the names fixed for every output.

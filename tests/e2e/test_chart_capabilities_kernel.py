@@ -39,7 +39,7 @@ def bounding_set() -> set[str]:
     mask = int(next(line for line in Path("/proc/self/status").read_text().splitlines()
                     if line.startswith("CapBnd:")).split()[1], 16)
     names = {"DAC_READ_SEARCH": 2, "SYS_PTRACE": 19, "SYS_ADMIN": 21, "SYS_RESOURCE": 24, "SYSLOG": 34,
-             "PERFMON": 38, "BPF": 39}
+             "PERFMON": 38, "BPF": 39, "CHECKPOINT_RESTORE": 40}
     return {name for name, bit in names.items() if mask >> bit & 1}
 
 
@@ -69,7 +69,7 @@ def record_with(capabilities: list[str], wrapper: Path, tmp_path: Path) -> tuple
         proc = subprocess.Popen(
             ["setpriv", f"--bounding-set={caps}", sys.executable, "-m", "offcpu_exporter", "record",
              "--pid", str(workload.pid), "--duration", "2.5", "--format", "folded", "-o", str(out),
-             "--kubernetes-metadata", "off"],
+             "--kubernetes.metadata", "off"],
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True,
         )
         assert proc.stderr is not None
@@ -89,8 +89,8 @@ def record_with(capabilities: list[str], wrapper: Path, tmp_path: Path) -> tuple
 def test_the_chart_capabilities_are_enough(other_users_binary: Path, tmp_path: Path) -> None:
     granted = [c for c in chart_capabilities() if c in bounding_set()]
     # SYS_RESOURCE only matters before Linux 5.11 (BPF memory charged to RLIMIT_MEMLOCK); a sandbox
-    # without it still proves the rest.
-    assert set(chart_capabilities()) - set(granted) <= {"SYS_RESOURCE"}
+    # without it still proves the rest. CHECKPOINT_RESTORE (map_files) has the /proc/PID/root fallback.
+    assert set(chart_capabilities()) - set(granted) <= {"SYS_RESOURCE", "CHECKPOINT_RESTORE"}
     status, folded, log = record_with(granted, other_users_binary, tmp_path)
     assert status == 0, log
     # The workload's own sleeps (offcpu_window_mark sleeps too: it marks the measured window).

@@ -125,7 +125,7 @@ def test_every_dashboard_query_returns_data(tmp_path: Path, pod_cgroup: Path) ->
             (pod_cgroup / "cgroup.procs").write_text(str(web.pid))
             args = ["--pid", str(web.pid), "--pid", str(piper.pid), "--pid", str(locker.pid),
                     "--flush-interval", "0.5", "--per-thread",
-                    "--kubernetes-service-account-dir", str(api.service_account)]
+                    "--kubernetes.service-account-dir", str(api.service_account)]
             with ExporterProcess(args, env=api.environ) as exporter:
                 prom = PrometheusServer(tmp_path, scrape_config("offcpu", f"127.0.0.1:{exporter.port}"))
                 try:

@@ -100,7 +100,7 @@ def test_record_selects_a_container_by_id(tmp_path: Path) -> None:
             _move(inside.proc, root, relative)  # type: ignore[arg-type]
             record = subprocess.Popen(
                 [sys.executable, "-m", "offcpu_exporter", "record", "--container", cid[:12], "--duration", "6",
-                 "--format", "folded", "-o", str(out), "--kubernetes-metadata", "off", "--targets-interval", "0.2"],
+                 "--format", "folded", "-o", str(out), "--kubernetes.metadata", "off", "--targets-interval", "0.2"],
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
                 stderr=subprocess.PIPE, text=True,
             )

@@ -1,4 +1,4 @@
-"""End to end, on the real kernel: `go tool pprof` fetching /debug/pprof/profile from a real
+"""End to end, on the real kernel: `go tool pprof` fetching /debug/pprof/offcpu from a real
 `offcpu-exporter serve` watching a workload with known blocking; the same handler on an
 in-process pipeline built as `serve` builds it (cli.build_pipeline); `record --format html`
 rendered in Chromium; record's progress line on a terminal."""
@@ -85,7 +85,7 @@ def test_profile_endpoint_matches_known_blocking(workload: Workload, tmp_path: P
     try:
         responses: list[Response] = []
         request = threading.Thread(
-            target=lambda: responses.append(served.get(f"/debug/pprof/profile?seconds=3&pid={workload.pid}"))
+            target=lambda: responses.append(served.get(f"/debug/pprof/offcpu?seconds=3&pid={workload.pid}"))
         )
         request.start()
         assert served.first_flush.wait(10), "the handler never flushed"
@@ -142,7 +142,7 @@ def test_go_tool_pprof_fetches_a_served_profile(workload: Workload, tmp_path: Pa
                 "-nodefraction=0",
                 "-seconds=3",
                 "-timeout=60",
-                f"{exporter.url}/debug/pprof/profile",
+                f"{exporter.url}/debug/pprof/offcpu",
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -231,7 +231,7 @@ def test_record_progress_only_on_a_terminal(tmp_path: Path) -> None:
                     "folded",
                     "-o",
                     str(tmp_path / "out.folded"),
-                    "--log-level",
+                    "--log.level",
                     "warning",
                 ],
                 cwd=ROOT,
@@ -278,7 +278,7 @@ def test_profile_covers_exactly_its_seconds() -> None:
         served = Served(["--pid", str(w.pid), "--flush-interval", "0.5"])
         try:
             time.sleep(1.0)  # watched, and the blocks seeded
-            response = served.get(f"/debug/pprof/profile?seconds=3&pid={w.pid}")
+            response = served.get(f"/debug/pprof/offcpu?seconds=3&pid={w.pid}")
         finally:
             served.close()
     assert response.status == 200, response.body

@@ -82,7 +82,7 @@ def test_file_gets_the_workloads_blocking(tmp_path: Path) -> None:
     path = tmp_path / "offcpu.swpb"
     with Workload("sleep", iterations=ITERATIONS, interval_ms=INTERVAL_MS) as workload:
         metrics: list[str] = []
-        result = run_exporter(["--skywalking-file", str(path)], workload, metrics=metrics)
+        result = run_exporter(["--skywalking.file", str(path)], workload, metrics=metrics)
     sent = re.search(r'^offcpu_exporter_sink_sent_total\{sink="skywalking"\} (\S+)$', metrics[0], re.M)
     assert sent and float(sent.group(1)) > 0  # the sink's own delivery counters are exported
     with path.open("rb") as f:
@@ -104,8 +104,8 @@ def test_fake_oap_task_mode_gets_the_workloads_blocking() -> None:
     try:
         with Workload("sleep", iterations=ITERATIONS, interval_ms=INTERVAL_MS) as workload:
             result = run_exporter(
-                ["--skywalking-endpoint", oap.endpoint, "--skywalking-task-id", "task-e2e",
-                 "--skywalking-process-id", "proc-e2e"],
+                ["--skywalking.endpoint", oap.endpoint, "--skywalking.task-id", "task-e2e",
+                 "--skywalking.process-id", "proc-e2e"],
                 workload,
             )  # fmt: skip
         messages = oap.data()
@@ -132,9 +132,9 @@ def test_fake_oap_agent_mode_gets_the_task_processs_blocking() -> None:
             now_ms = time.time_ns() // 1_000_000
             oap.add_task(Task("task-agent", [process_id], "OFF_CPU", start_ms=now_ms, duration_s=120, update_ms=1))
             result = run_exporter(
-                ["--skywalking-endpoint", oap.endpoint, "--skywalking-agent", "--skywalking-agent-id", "e2e",
-                 "--skywalking-instance-name", "e2e-host", "--skywalking-process-name", "workload-{pid}",
-                 "--skywalking-task-poll-interval", "0.5"],
+                ["--skywalking.endpoint", oap.endpoint, "--skywalking.agent", "--skywalking.agent-id", "e2e",
+                 "--skywalking.instance-name", "e2e-host", "--skywalking.process-name", "workload-{pid}",
+                 "--skywalking.task-poll-interval", "0.5"],
                 workload,
                 settle=2.0,  # report + first poll before the workload starts blocking
                 others=(bystander,),  # watched and reported, but no task: none of its data is sent
@@ -157,17 +157,17 @@ def test_fake_oap_agent_mode_gets_the_task_processs_blocking() -> None:
 
 def test_serve_rejects_bad_skywalking_options_with_exit_2() -> None:
     with Workload("sleep", iterations=1, interval_ms=1) as workload:
-        exporter = ExporterProcess(["--pid", str(workload.pid), "--skywalking-endpoint", "127.0.0.1:1"])
+        exporter = ExporterProcess(["--pid", str(workload.pid), "--skywalking.endpoint", "127.0.0.1:1"])
         with pytest.raises(RuntimeError, match="exited with 2"):
             exporter.start()
-        assert "needs --skywalking-task-id and --skywalking-process-id" in exporter.log()
+        assert "needs --skywalking.task-id and --skywalking.process-id" in exporter.log()
         exporter.stop()
 
 
 def test_skywalking_dump_prints_a_served_file(tmp_path: Path) -> None:
     path = tmp_path / "offcpu.swpb"
     with Workload("sleep", iterations=ITERATIONS, interval_ms=INTERVAL_MS) as workload:
-        run_exporter(["--skywalking-file", str(path)], workload)
+        run_exporter(["--skywalking.file", str(path)], workload)
     out = subprocess.run(
         [sys.executable, "-m", "offcpu_exporter", "skywalking-dump", str(path)],
         capture_output=True,
@@ -187,9 +187,9 @@ def test_fake_oap_agent_mode_sends_only_the_task_window() -> None:
         with Workload("sleep", iterations=160, interval_ms=INTERVAL_MS) as workload:  # 4 s of sleeps
             process_id = oap_process_id("offcpu_workload", "e2e-host", f"workload-{workload.pid}")
             argv = ["--pid", str(workload.pid), "--flush-interval", str(flush_s),
-                    "--skywalking-endpoint", oap.endpoint, "--skywalking-agent",
-                    "--skywalking-instance-name", "e2e-host", "--skywalking-process-name", "workload-{pid}",
-                    "--skywalking-task-poll-interval", "0.25"]  # fmt: skip
+                    "--skywalking.endpoint", oap.endpoint, "--skywalking.agent",
+                    "--skywalking.instance-name", "e2e-host", "--skywalking.process-name", "workload-{pid}",
+                    "--skywalking.task-poll-interval", "0.25"]  # fmt: skip
             with ExporterProcess(argv) as exporter:
                 assert oap.wait_for(lambda r: bool(r.reports), 20)
                 workload.go()

@@ -40,6 +40,8 @@ ALL_ON: dict[str, Any] = {
                           "users": {"prometheus": "$2b$10$bY3lJHviw/qnEBuKsyYWde/e00qhbI9gsnbj51abveXhBRUU0e3M2"}}},
     "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
     "podMonitor": {"enabled": True},
+    "prometheusRule": {"enabled": True, "namespace": "monitoring-rules", "labels": {"release": "kube-prometheus-stack"},
+                       "extraRules": [{"alert": "OffcpuExporterDown", "expr": 'up{job="offcpu-exporter"} == 0'}]},
     "dashboards": {"enabled": True, "namespace": "grafana", "annotations": {"grafana_folder": "Profiling"}},
     "securityContext": {"sysAdmin": True},
     "service": {"annotations": {"prometheus.io/scrape": "true"}},
@@ -103,11 +105,13 @@ def test_manifests_validate_strictly(name: str, version: str, tmp_path: Path) ->
          *map(str, files)], capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    # Only the Prometheus Operator kinds have no schema in kubernetes-validate (checked below instead).
+    # Only the Prometheus Operator kinds have no schema in kubernetes-validate (checked below and in
+    # test_prometheus_rule.py instead).
+    operator_kinds = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
     for line in result.stdout.splitlines():
         if line.startswith("WARN"):
-            assert "ServiceMonitor" in line or "PodMonitor" in line, line
-    validated = {p.name.split("-", 1)[1][:-5] for p in files} - {"ServiceMonitor", "PodMonitor"}
+            assert any(kind in line for kind in operator_kinds), line
+    validated = {p.name.split("-", 1)[1][:-5] for p in files} - operator_kinds
     assert {"DaemonSet", "Service"} <= validated
 
 
@@ -121,7 +125,8 @@ def test_defaults_least_privilege() -> None:
     assert sc["readOnlyRootFilesystem"] is True
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert set(sc["capabilities"]["add"]) == {"BPF", "PERFMON", "SYS_PTRACE", "SYS_RESOURCE", "SYSLOG",
-                                              "DAC_READ_SEARCH"}
+                                              "DAC_READ_SEARCH", "CHECKPOINT_RESTORE"}
+    assert "--drop-privileges" in c["args"]
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     for host in ("/sys/kernel/debug", "/sys/kernel/tracing", "/lib/modules", "/usr/src", "/sys/fs/cgroup"):
         assert mounts[host].get("readOnly") is True, host
@@ -138,11 +143,14 @@ def test_defaults_least_privilege() -> None:
     account = one(docs, "ServiceAccount")["metadata"]["name"]
     assert binding["subjects"][0]["name"] == pod["serviceAccountName"] == account
     assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "ConfigMap") and not by_kind(docs, "Secret")
+    assert not by_kind(docs, "PrometheusRule")
 
 
 def test_privileged_fallback() -> None:
-    sc = container(render(PRIVILEGED))["securityContext"]
+    c = container(render(PRIVILEGED))
+    sc = c["securityContext"]
     assert sc["privileged"] is True and "capabilities" not in sc
+    assert "--drop-privileges" not in c["args"]  # nothing to drop to: privileged means every capability
 
 
 def test_all_on_wiring() -> None:
@@ -153,8 +161,8 @@ def test_all_on_wiring() -> None:
     assert "--all" not in args  # selectors given: not everything
     for expected in ("--pid=1", "--comm=^(nginx|postgres)$", "--namespace=shop", "--namespace=batch",
                      "--pod-label=app=web", "--pod-label=tier=front", "--container=web",
-                     "--otlp-endpoint=collector.observability:4317", "--otlp-insecure", "--no-otlp-metrics",
-                     "--skywalking-endpoint=oap.skywalking:11800", "--skywalking-agent", "--per-thread",
+                     "--otlp.endpoint=collector.observability:4317", "--otlp.insecure", "--no-otlp.metrics",
+                     "--skywalking.endpoint=oap.skywalking:11800", "--skywalking.agent", "--per-thread",
                      "--web.config.file=/etc/offcpu-exporter/web/web-config.yml", "--attach=tracepoint"):
         assert expected in args, expected
     env = {e["name"]: e for e in c["env"]}
@@ -212,7 +220,7 @@ def test_the_exporter_loads_the_chart_web_config(tmp_path: Path) -> None:
 def test_existing_web_config_and_no_api() -> None:
     docs = render(EXISTING_WEB_CONFIG)
     c = container(docs)
-    assert "--kubernetes-metadata=off" in c["args"]
+    assert "--kubernetes.metadata=off" in c["args"]
     assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "Secret")
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False

@@ -77,7 +77,7 @@ def test_more_bad_flags(args: list[str], message: str) -> None:
 def test_more_config_files_with_wrong_types(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "c.yml"
     path.write_text(text)
-    r = _run("serve", "--config", str(path))
+    r = _run("serve", "--config.file", str(path))
     assert r.returncode == 2, r
     assert _one_error_line(r.stderr, message), r.stderr
 
@@ -180,15 +180,19 @@ def test_a_hostile_process_name_is_escaped_in_the_exposition_and_in_the_log(tmp_
 
 
 def test_log_formatter_escapes_control_characters() -> None:
+    import json
     import logging
 
-    from offcpu_exporter.logfmt import EscapingFormatter
+    from offcpu_exporter.logfmt import JsonFormatter, LogfmtFormatter
 
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "process %s started", ("evil\nFAKE ERROR\r\x1b[31m",),
                                None)
-    line = EscapingFormatter("%(levelname)s %(message)s").format(record)
+    line = LogfmtFormatter().format(record)
     assert "\n" not in line and "\r" not in line and "\x1b" not in line
-    assert line == r"INFO process evil\nFAKE ERROR\r\x1b[31m started"
+    assert line.endswith(r' level=info source=x msg="process evil\nFAKE ERROR\r\x1b[31m started"'), line
+    line = JsonFormatter().format(record)
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line
+    assert json.loads(line)["msg"] == "process evil\nFAKE ERROR\r\x1b[31m started"
 
 
 # -- container roots ------------------------------------------------------------------------

@@ -123,5 +123,5 @@ def test_drop_privileges_from_a_config_file(tmp_path: Path) -> None:
 
     path = tmp_path / "c.yml"
     path.write_text("drop-privileges: true\n")
-    assert parse_args(["serve", "--config", str(path)]).drop_privileges is True
+    assert parse_args(["serve", "--config.file", str(path)]).drop_privileges is True
     assert parse_args(["serve"]).drop_privileges is False

@@ -25,10 +25,10 @@ OUTAGE_S = 40
 
 def _args(pid: int, endpoint: str) -> list[str]:
     """The OAP and the OTLP collector both at `endpoint` (host:port)."""
-    return ["--pid", str(pid), "--flush-interval", "0.5", "--skywalking-endpoint", endpoint,
-            "--skywalking-task-id", "outage", "--skywalking-process-id", "p1", "--skywalking-buffer", "50",
-            "--skywalking-timeout", "2", "--otlp-endpoint", f"http://{endpoint}", "--otlp-protocol", "grpc",
-            "--otlp-queue-size", "4", "--otlp-max-delay", "5", "--otlp-timeout", "2", "--otlp-interval", "1"]
+    return ["--pid", str(pid), "--flush-interval", "0.5", "--skywalking.endpoint", endpoint,
+            "--skywalking.task-id", "outage", "--skywalking.process-id", "p1", "--skywalking.buffer", "50",
+            "--skywalking.timeout", "2", "--otlp.endpoint", f"http://{endpoint}", "--otlp.protocol", "grpc",
+            "--otlp.queue-size", "4", "--otlp.max-delay", "5", "--otlp.timeout", "2", "--otlp.interval", "1"]
 
 
 def _p99(values: list[float]) -> float:

@@ -27,9 +27,9 @@ def test_sigterm_flushes_pending_data_to_every_output(tmp_path: Path) -> None:
     path = tmp_path / "offcpu.swpb"
     receiver = GrpcReceiver()
     with receiver, Workload("sleep", iterations=40, interval_ms=20) as w:
-        exp = ExporterProcess(["--pid", str(w.pid), "--flush-interval", "60", "--skywalking-file", str(path),
-                               "--otlp-endpoint", receiver.endpoint, "--otlp-protocol", "grpc",
-                               "--otlp-interval", "60"])
+        exp = ExporterProcess(["--pid", str(w.pid), "--flush-interval", "60", "--skywalking.file", str(path),
+                               "--otlp.endpoint", receiver.endpoint, "--otlp.protocol", "grpc",
+                               "--otlp.interval", "60"])
         with exp:
             time.sleep(0.5)  # the target reaches the kernel filter
             w.go()

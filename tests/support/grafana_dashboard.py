@@ -19,7 +19,7 @@ FIXED_METRICS = frozenset({
     "offcpu_stack_seconds_total", "offcpu_stack_switches_total",
     "offcpu_block_duration_seconds", "offcpu_blocked_threads", "offcpu_blocked_longest_seconds",
     *(f"offcpu_exporter_{n}" for n in (
-        "probe_attached", "probe_hooked_symbol", "lost_stacks_total", "map_entries", "map_capacity",
+        "probe_attached", "probe_hooked_symbol_info", "lost_stacks_total", "map_entries", "map_capacity",
         "map_dropped_total", "dropped_seconds_total", "symbolization_failures_total",
         "filtered_blocks_total", "filtered_seconds_total", "blocks_total", "stack_captures_total",
         "stack_sampling_ratio", "probe_cpu_seconds_total", "probe_runs_total",

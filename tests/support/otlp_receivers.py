@@ -11,6 +11,7 @@ import contextlib
 import gzip
 import http.server
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from opentelemetry.proto.collector.profiles.v1development import (
     profiles_service_pb2,
     profiles_service_pb2_grpc,
 )
+
+from tests.support.tls import Pki
 
 __all__ = ["Failure", "GrpcReceiver", "HttpReceiver", "Received", "TcpRelay", "free_port"]
 
@@ -108,9 +111,12 @@ class _Servicers(profiles_service_pb2_grpc.ProfilesServiceServicer, metrics_serv
 
 
 class GrpcReceiver:
-    """An OTLP gRPC receiver on 127.0.0.1; `stop()` then `start()` brings it back on the same port."""
+    """An OTLP gRPC receiver on 127.0.0.1; `stop()` then `start()` brings it back on the same port.
+    With `mtls`, it serves TLS with the PKI's server certificate and requires a client certificate
+    signed by its CA."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, mtls: Pki | None = None) -> None:
+        self.mtls = mtls
         self.port = port or free_port()
         self.received = Received()
         self._failures: list[Failure] = []
@@ -119,7 +125,7 @@ class GrpcReceiver:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.mtls else 'http'}://127.0.0.1:{self.port}"
 
     def fail_next(self, failure: Failure) -> None:
         with self._flock:
@@ -140,7 +146,17 @@ class GrpcReceiver:
         servicers = _Servicers(self)
         profiles_service_pb2_grpc.add_ProfilesServiceServicer_to_server(servicers, server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(servicers, server)
-        if server.add_insecure_port(f"127.0.0.1:{self.port}") != self.port:
+        address = f"127.0.0.1:{self.port}"
+        if self.mtls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(self.mtls.server_key.read_bytes(), self.mtls.server_cert.read_bytes())],
+                root_certificates=self.mtls.ca.read_bytes(),
+                require_client_auth=True,
+            )
+            bound = server.add_secure_port(address, credentials)
+        if bound != self.port:
             raise RuntimeError(f"port {self.port} is taken")
         server.start()
         self._server = server
@@ -159,9 +175,11 @@ class GrpcReceiver:
 
 
 class HttpReceiver:
-    """An OTLP/HTTP receiver on 127.0.0.1 for /v1development/profiles and /v1/metrics."""
+    """An OTLP/HTTP receiver on 127.0.0.1 for /v1development/profiles and /v1/metrics. With `mtls`,
+    HTTPS that requires a client certificate signed by the PKI's CA."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, mtls: Pki | None = None) -> None:
+        self.mtls = mtls
         self.port = port or free_port()
         self.received = Received()
         self._failures: list[Failure] = []
@@ -171,7 +189,7 @@ class HttpReceiver:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.mtls else 'http'}://127.0.0.1:{self.port}"
 
     def fail_next(self, failure: Failure) -> None:
         with self._flock:
@@ -244,6 +262,12 @@ class HttpReceiver:
                 self.wfile.write(body)
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        if self.mtls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(self.mtls.server_cert, self.mtls.server_key)
+            context.load_verify_locations(self.mtls.ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from offcpu_exporter.sinks.skywalking.proto.common import Command_pb2, Common_pb2
+from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2
 from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import (
     Process_pb2,
     Process_pb2_grpc,
@@ -51,7 +51,7 @@ class Task:
     update_ms: int = 0
     trigger_type: str = "FIXED_TIME"
 
-    def command(self) -> Command_pb2.Command:
+    def command(self) -> Common_pb2.Command:
         args = {
             "TaskId": self.task_id,
             "ProcessId": ",".join(self.process_ids),
@@ -62,7 +62,7 @@ class Task:
             "ExtensionConfigJSON": "",
             "FixedTriggerDuration": str(self.duration_s),
         }
-        return Command_pb2.Command(
+        return Common_pb2.Command(
             command="EBPFProfilingTaskQuery",
             args=[Common_pb2.KeyStringValuePair(key=k, value=v) for k, v in args.items()],
         )
@@ -86,7 +86,7 @@ class _Profiling(Profile_pb2_grpc.EBPFProfilingServiceServicer):
             self.oap.recorded.queries.append(request)
             tasks = [t for t in self.oap.tasks if t.update_ms > request.latestUpdateTime]
             self.oap.changed.notify_all()
-        return Command_pb2.Commands(commands=[t.command() for t in tasks])
+        return Common_pb2.Commands(commands=[t.command() for t in tasks])
 
     def collectProfilingData(self, request_iterator, context):
         self.oap._check_auth(context)
@@ -94,7 +94,7 @@ class _Profiling(Profile_pb2_grpc.EBPFProfilingServiceServicer):
         with self.oap.lock:
             self.oap.recorded.streams.append(Stream(messages, dict(context.invocation_metadata())))
             self.oap.changed.notify_all()
-        return Command_pb2.Commands()
+        return Common_pb2.Commands()
 
 
 class _Process(Process_pb2_grpc.EBPFProcessServiceServicer):
@@ -123,7 +123,7 @@ class _Process(Process_pb2_grpc.EBPFProcessServiceServicer):
         with self.oap.lock:
             self.oap.recorded.pings.append(request)
             self.oap.changed.notify_all()
-        return Command_pb2.Commands()
+        return Common_pb2.Commands()
 
 
 class FakeOap:

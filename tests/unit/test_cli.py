@@ -48,7 +48,7 @@ def test_bad_flags_one_line_exit_2(args: list[str]) -> None:
 def test_bad_config_file(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "c.yml"
     path.write_text(text)
-    r = _run("serve", "--config", str(path))
+    r = _run("serve", "--config.file", str(path))
     assert r.returncode == 2
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
@@ -56,7 +56,7 @@ def test_bad_config_file(tmp_path: Path, text: str, message: str) -> None:
 def test_config_file_sets_defaults_and_flags_override(tmp_path: Path) -> None:
     path = tmp_path / "c.yml"
     path.write_text("flush_interval: 2\npid: [10, 11]\nper-thread: true\nmin-block: 5ms\n")
-    options = parse_args(["serve", "--config", str(path), "--flush-interval", "3"])
+    options = parse_args(["serve", "--config.file", str(path), "--flush-interval", "3"])
     assert options.flush_interval == 3.0
     assert options.pid == [10, 11]
     assert options.per_thread is True

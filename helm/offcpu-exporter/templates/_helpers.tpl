@@ -53,6 +53,9 @@ app.kubernetes.io/component: node-agent
 - --web.listen-address=:{{ .Values.web.port }}
 - --attach={{ .Values.probe.attach }}
 - --flush-interval={{ .Values.flushInterval }}
+{{- if and .Values.securityContext.dropPrivileges (not .Values.securityContext.privileged) }}
+- --drop-privileges
+{{- end }}
 {{- $t := .Values.targets }}
 {{- range $t.pids }}
 - --pid={{ . }}
@@ -76,32 +79,32 @@ app.kubernetes.io/component: node-agent
 - --all
 {{- end }}
 {{- if .Values.kubernetesMetadata.enabled }}
-- --kubernetes-refresh-interval={{ .Values.kubernetesMetadata.refreshInterval }}
+- --kubernetes.refresh-interval={{ .Values.kubernetesMetadata.refreshInterval }}
 {{- else }}
-- --kubernetes-metadata=off
+- --kubernetes.metadata=off
 {{- end }}
 {{- if include "offcpu-exporter.webConfig" . }}
 - --web.config.file=/etc/offcpu-exporter/web/{{ .Values.web.existingConfigKey }}
 {{- end }}
 {{- with .Values.otlp }}
 {{- if .endpoint }}
-- --otlp-endpoint={{ .endpoint }}
-- --otlp-protocol={{ .protocol }}
+- --otlp.endpoint={{ .endpoint }}
+- --otlp.protocol={{ .protocol }}
 {{- if .insecure }}
-- --otlp-insecure
+- --otlp.insecure
 {{- end }}
-- {{ if .profiles }}--otlp-profiles{{ else }}--no-otlp-profiles{{ end }}
-- {{ if .metrics }}--otlp-metrics{{ else }}--no-otlp-metrics{{ end }}
+- {{ if .profiles }}--otlp.profiles{{ else }}--no-otlp.profiles{{ end }}
+- {{ if .metrics }}--otlp.metrics{{ else }}--no-otlp.metrics{{ end }}
 {{- end }}
 {{- end }}
 {{- with .Values.skywalking }}
 {{- if .endpoint }}
-- --skywalking-endpoint={{ .endpoint }}
+- --skywalking.endpoint={{ .endpoint }}
 {{- if .tls }}
-- --skywalking-tls
+- --skywalking.tls
 {{- end }}
 {{- if .agent }}
-- --skywalking-agent
+- --skywalking.agent
 {{- end }}
 {{- end }}
 {{- end }}

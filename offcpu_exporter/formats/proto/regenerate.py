@@ -1,9 +1,11 @@
-"""Regenerates profile_pb2.py and profile_pb2.pyi from profile.proto with grpcio-tools.
+"""Regenerates profile_pb2.py and profile_pb2.pyi from profile.proto (google/pprof's, verbatim).
 
-    python -m offcpu_exporter.formats.proto.regenerate [OUTPUT_DIR]
+    python offcpu_exporter/formats/proto/regenerate.py [OUTPUT_DIR]
 
-Without OUTPUT_DIR the files beside profile.proto are rewritten; the unit tests generate into a
-temporary directory and compare, so a stale committed module fails CI.
+Run it with grpcio-tools 1.63.2 (protoc 26.1), as the SkyWalking modules are made
+(offcpu_exporter/sinks/skywalking/proto/generate.py says why: that version is the package's
+protobuf floor). Without OUTPUT_DIR the files beside profile.proto are rewritten; the unit tests
+generate into a temporary directory and compare the descriptors, so a stale module fails CI.
 """
 
 from __future__ import annotations

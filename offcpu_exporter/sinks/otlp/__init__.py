@@ -19,7 +19,7 @@ from offcpu_exporter.snapshot import Snapshot
 
 from . import metrics as otlp_metrics
 from .delivery import ProfilesDelivery
-from .options import OtlpConfig, resolve
+from .options import OtlpConfig, SignalEndpoint, resolve
 from .options import add_arguments as _add_arguments
 from .profiles_encode import EncodeOptions, encode_profiles_split
 from .profiles_transport import GrpcProfilesClient, HttpProfilesClient, ProfilesClient
@@ -58,7 +58,7 @@ class OtlpSink:
                 self.stats,
                 queue_size=config.queue_size,
                 max_delay=config.max_delay,
-                timeout=config.timeout,
+                timeout=config.profiles.timeout,
             )
         if config.metrics is not None:
             exporter = otlp_metrics.CountingMetricExporter(otlp_metrics.build_metric_exporter(config), self.stats)
@@ -69,7 +69,7 @@ class OtlpSink:
                 otlp_metrics.OffcpuMetrics(
                     context.latest, config.top_stacks, config.stack_attribute, config.max_processes
                 ),
-                config.timeout,
+                config.metrics.timeout,
             )
 
     def publish(self, snapshot: Snapshot) -> None:
@@ -90,19 +90,19 @@ class OtlpSink:
 def _profiles_client(config: OtlpConfig) -> ProfilesClient:
     endpoint = config.profiles
     assert endpoint is not None
-    if config.protocol == "grpc":
+    if endpoint.protocol == "grpc":
         return GrpcProfilesClient(
             endpoint.target,
-            insecure=endpoint.insecure,
-            headers=config.headers,
-            compression=config.compression,
-            certificate=config.certificate,
+            credentials=endpoint.grpc_credentials(),
+            headers=endpoint.headers,
+            compression=endpoint.compression,
         )
     return HttpProfilesClient(
         endpoint.target,
-        headers=config.headers,
-        compression=config.compression,
-        certificate=config.certificate,
+        headers=endpoint.headers,
+        compression=endpoint.compression,
+        certificate=endpoint.certificate,
+        client_cert=endpoint.requests_cert(),
     )
 
 
@@ -113,10 +113,16 @@ def create(options: argparse.Namespace, context: SinkContext) -> OtlpSink | None
         return None
     sink = OtlpSink(config, context)
     log.info(
-        "OTLP push (%s): profiles %s, metrics %s every %.0f s",
-        config.protocol,
-        config.profiles.target if config.profiles else "off",
-        config.metrics.target if config.metrics else "off",
+        "OTLP push: profiles %s, metrics %s every %.0f s",
+        _describe(config.profiles),
+        _describe(config.metrics),
         config.metrics_interval,
     )
     return sink
+
+
+def _describe(endpoint: SignalEndpoint | None) -> str:
+    if endpoint is None:
+        return "off"
+    tls = "plaintext" if endpoint.insecure else ("mTLS" if endpoint.client_certificate else "TLS")
+    return f"{endpoint.target} ({endpoint.protocol}, {tls})"

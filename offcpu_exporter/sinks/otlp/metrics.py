@@ -232,37 +232,35 @@ _GRPC_COMPRESSION = {"gzip": grpc.Compression.Gzip, "none": grpc.Compression.NoC
 def build_metric_exporter(config: OtlpConfig) -> MetricExporter:
     endpoint = config.metrics
     assert endpoint is not None
-    if config.protocol == "grpc":
+    if endpoint.protocol == "grpc":
         # The gRPC class ignores OTEL_EXPORTER_OTLP_PROTOCOL: the class itself is the choice.
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 
-        credentials = None
-        if not endpoint.insecure:
-            root = None
-            if config.certificate:
-                with open(config.certificate, "rb") as f:
-                    root = f.read()
-            credentials = grpc.ssl_channel_credentials(root_certificates=root)
         from .profiles_transport import _CHANNEL_OPTIONS
 
         return GrpcExporter(
             endpoint=endpoint.target,
             insecure=endpoint.insecure,
-            credentials=credentials,
-            headers=dict(config.headers),
-            timeout=config.timeout,
-            compression=_GRPC_COMPRESSION[config.compression],
+            credentials=endpoint.grpc_credentials(),
+            headers=dict(endpoint.headers),
+            timeout=endpoint.timeout,
+            compression=_GRPC_COMPRESSION[endpoint.compression],
             channel_options=_CHANNEL_OPTIONS,  # type: ignore[arg-type]  # the SDK's hint is too narrow
         )
     from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
+    from .profiles_transport import TlsSession
+
     return HttpExporter(
         endpoint=endpoint.target,
-        certificate_file=config.certificate,
-        headers=dict(config.headers),
-        timeout=config.timeout,
-        compression=Compression.Gzip if config.compression == "gzip" else Compression.NoCompression,
+        certificate_file=endpoint.certificate,
+        client_certificate_file=endpoint.client_certificate,
+        client_key_file=endpoint.client_key,
+        session=TlsSession(),
+        headers=dict(endpoint.headers),
+        timeout=endpoint.timeout,
+        compression=Compression.Gzip if endpoint.compression == "gzip" else Compression.NoCompression,
     )
 
 

@@ -1,9 +1,13 @@
-"""Command-line options of the OTLP sink and their defaults from the standard environment variables.
+"""Command-line options of the OTLP sink, resolved with OpenTelemetry's environment variables.
 
-The OpenTelemetry environment variables (``OTEL_EXPORTER_OTLP_*``, ``OTEL_METRIC_EXPORT_INTERVAL``)
-are read here once, as option defaults, and the resolved values are handed to both the metrics
-exporter (opentelemetry-sdk) and the profiles transport, so that the two signals never disagree
-about an endpoint, a header or a timeout.
+Each signal (metrics, profiles) gets its own transport settings, as the OTLP exporter specification
+lays out (https://opentelemetry.io/docs/specs/otel/protocol/exporter/): for every setting the
+flag wins, then ``OTEL_EXPORTER_OTLP_<SIGNAL>_<SETTING>``, then ``OTEL_EXPORTER_OTLP_<SETTING>``,
+then the default. A per-signal HTTP endpoint is used as it is; the generic one (and
+``--otlp.endpoint``) is a base URL that gets ``/v1/metrics`` or ``/v1development/profiles``.
+Durations in the environment are milliseconds (the specification), on the flags Go-style.
+Environment values are read in `resolve`, so a stray bad variable stops start-up (exit status 2)
+only when the OTLP sink is actually on.
 """
 
 from __future__ import annotations
@@ -11,13 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import grpc
 from opentelemetry.util.re import parse_env_headers
 
-from offcpu_exporter.config import positive
+from offcpu_exporter.config import positive_int, seconds
 
 __all__ = [
     "PROTOCOLS",
@@ -29,27 +35,55 @@ __all__ = [
 ]
 
 PROTOCOLS = ("grpc", "http/protobuf")
+COMPRESSIONS = ("gzip", "none")
 HTTP_PATHS = {"metrics": "/v1/metrics", "profiles": "/v1development/profiles"}
+SIGNALS = ("metrics", "profiles")
 SERVICE_NAME_FIELDS = ("exe", "comm", "pid", "namespace", "pod", "container")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
 class SignalEndpoint:
-    """Where one signal goes. For gRPC `target` is ``host:port``; for HTTP it is the full URL."""
+    """Where one signal goes and how. For gRPC `target` is ``host:port``; for HTTP it is the full URL."""
 
     target: str
     insecure: bool
+    protocol: str = "grpc"
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    timeout: float = 10.0  # seconds, per attempt
+    compression: str = "gzip"
+    certificate: str | None = None  # CA bundle that verifies the collector
+    client_certificate: str | None = None  # mTLS: this exporter's certificate chain and key
+    client_key: str | None = None
+
+    def grpc_credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS (and mTLS) credentials of a gRPC channel; None when plaintext."""
+        if self.insecure:
+            return None
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.certificate),
+            private_key=_read(self.client_key),
+            certificate_chain=_read(self.client_certificate),
+        )
+
+    def requests_cert(self) -> tuple[str, str] | None:
+        """The client certificate and key for `requests` (mTLS over HTTP)."""
+        if self.client_certificate and self.client_key:
+            return self.client_certificate, self.client_key
+        return None
+
+
+def _read(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
 
 
 @dataclass(frozen=True)
 class OtlpConfig:
-    protocol: str
     profiles: SignalEndpoint | None
     metrics: SignalEndpoint | None
-    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
-    timeout: float = 10.0  # seconds, per attempt
-    compression: str = "gzip"
-    certificate: str | None = None
     metrics_interval: float = 15.0
     service_name: str = "{exe}"
     top_stacks: int = 10
@@ -58,6 +92,10 @@ class OtlpConfig:
     switches_profile: bool = True
     queue_size: int = 12
     max_delay: float = 60.0
+
+    @property
+    def signals(self) -> tuple[SignalEndpoint, ...]:
+        return tuple(s for s in (self.profiles, self.metrics) if s is not None)
 
 
 def _non_negative_int(text: str) -> int:
@@ -68,41 +106,6 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
     return value
-
-
-@dataclass(frozen=True)
-class _BadEnvironment:
-    """An unusable environment value, reported by `resolve` (the CLI turns it into exit status 2)
-    only when the sink is actually configured: a stray variable must not stop other commands."""
-
-    name: str
-    raw: str
-    problem: str = "is not a positive number of milliseconds"
-
-    def __str__(self) -> str:  # what --help shows as the default
-        return f"invalid {self.name}"
-
-    def error(self) -> ValueError:
-        return ValueError(f"{self.name}={self.raw!r} {self.problem}")
-
-
-def _milliseconds_env(name: str, default_seconds: float, environ: Mapping[str, str]) -> float | _BadEnvironment:
-    """OTEL_* durations are milliseconds (the specification), unlike the options (seconds)."""
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default_seconds
-    try:
-        value = float(raw) / 1000.0
-    except ValueError:
-        return _BadEnvironment(name, raw)
-    return value if value > 0 else _BadEnvironment(name, raw)
-
-
-def _bool_env(name: str, environ: Mapping[str, str]) -> bool | None:
-    raw = environ.get(name, "").strip().lower()
-    if not raw:
-        return None
-    return raw == "true"
 
 
 def _service_name_template(text: str) -> str:
@@ -118,101 +121,73 @@ def _service_name_template(text: str) -> str:
     return text
 
 
+def _env(setting: str) -> str:
+    return f"[OTEL_EXPORTER_OTLP_{{METRICS,PROFILES}}_{setting}, OTEL_EXPORTER_OTLP_{setting}]"
+
+
 def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
-    env = os.environ if environ is None else environ
+    """The flags; `environ` is read later, by `resolve` (the argument stays for callers' symmetry)."""
     group = parser.add_argument_group(
         "OTLP push (OpenTelemetry Collector, Grafana Pyroscope)",
-        "Off unless an endpoint is given here or in OTEL_EXPORTER_OTLP_ENDPOINT "
-        "(or OTEL_EXPORTER_OTLP_{METRICS,PROFILES}_ENDPOINT). Defaults come from the standard "
-        "OTEL_EXPORTER_OTLP_* variables.",
+        "Off unless an endpoint is given here or in OTEL_EXPORTER_OTLP_ENDPOINT (or "
+        "OTEL_EXPORTER_OTLP_{METRICS,PROFILES}_ENDPOINT). A flag applies to both signals; where it is "
+        "not given, each signal takes its OTEL_EXPORTER_OTLP_<SIGNAL>_* variable, then the generic "
+        "OTEL_EXPORTER_OTLP_* one (durations there in milliseconds), then the default.",
     )
+    # The transport settings: each flag sets both signals; unset, each signal reads its variables.
+    def transport(setting: str, what: str, **kwargs: Any) -> None:
+        flag = setting.lower().replace("_", "-")
+        group.add_argument(f"--otlp.{flag}", dest=f"otlp_{setting.lower()}", default=None,
+                           help=f"{what} {_env(setting)}", **kwargs)
+
+    transport("ENDPOINT", "collector base URL, e.g. http://127.0.0.1:4317 (grpc) or http://127.0.0.1:4318 "
+              "(http/protobuf); a bare host:port means TLS unless --otlp.insecure", metavar="URL")
+    transport("PROTOCOL", "transport (default: grpc)", choices=PROTOCOLS)
+    transport("INSECURE", "plaintext instead of TLS; default: plaintext for http:// URLs, TLS otherwise",
+              action=argparse.BooleanOptionalAction)
+    transport("HEADERS", "request headers / gRPC metadata, e.g. X-Scope-OrgID=tenant1 (values URL-encoded)",
+              metavar="K=V,...")
+    transport("TIMEOUT", "timeout of one export attempt (default: 10s; milliseconds in the variables)",
+              metavar="DURATION", type=seconds)
+    transport("COMPRESSION", "(default: gzip)", choices=COMPRESSIONS)
+    transport("CERTIFICATE", "CA bundle to verify the collector's TLS certificate (default: the system's)",
+              metavar="PEM")
+    transport("CLIENT_CERTIFICATE", "mTLS: this exporter's certificate (chain), for collectors that require one",
+              metavar="PEM")
+    transport("CLIENT_KEY", "mTLS: the private key of --otlp.client-certificate", metavar="PEM")
     group.add_argument(
-        "--otlp-endpoint",
-        metavar="URL",
+        "--otlp.interval",
+        dest="otlp_interval",
+        metavar="DURATION",
+        type=seconds,
         default=None,
-        help="collector base URL, e.g. http://127.0.0.1:4317 (grpc) or http://127.0.0.1:4318 "
-        "(http/protobuf); a bare host:port means TLS unless --otlp-insecure "
-        "[OTEL_EXPORTER_OTLP_ENDPOINT]",
-    )
-    raw_protocol = env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip() or "grpc"
-    protocol_default: str | _BadEnvironment = (
-        raw_protocol
-        if raw_protocol in PROTOCOLS
-        else _BadEnvironment("OTEL_EXPORTER_OTLP_PROTOCOL", raw_protocol, f"is not one of {', '.join(PROTOCOLS)}")
-    )
-    group.add_argument(
-        "--otlp-protocol",
-        choices=PROTOCOLS,
-        default=protocol_default,
-        help="transport for both signals (default: %(default)s) [OTEL_EXPORTER_OTLP_PROTOCOL]",
-    )
-    group.add_argument(
-        "--otlp-insecure",
-        action=argparse.BooleanOptionalAction,
-        default=_bool_env("OTEL_EXPORTER_OTLP_INSECURE", env),
-        help="plaintext instead of TLS; default: plaintext for http:// URLs, TLS otherwise "
-        "[OTEL_EXPORTER_OTLP_INSECURE]",
-    )
-    group.add_argument(
-        "--otlp-headers",
-        metavar="K=V,...",
-        default=env.get("OTEL_EXPORTER_OTLP_HEADERS", ""),
-        help="request headers / gRPC metadata, e.g. X-Scope-OrgID=tenant1 (values URL-encoded) "
-        "[OTEL_EXPORTER_OTLP_HEADERS]",
-    )
-    group.add_argument(
-        "--otlp-timeout",
-        metavar="SECONDS",
-        type=positive(float),
-        default=_milliseconds_env("OTEL_EXPORTER_OTLP_TIMEOUT", 10.0, env),
-        help="timeout of one export attempt (default: %(default)s) [OTEL_EXPORTER_OTLP_TIMEOUT, in ms]",
-    )
-    raw_compression = env.get("OTEL_EXPORTER_OTLP_COMPRESSION", "").strip().lower() or "gzip"
-    compression_default: str | _BadEnvironment = (
-        raw_compression
-        if raw_compression in ("gzip", "none")
-        else _BadEnvironment("OTEL_EXPORTER_OTLP_COMPRESSION", raw_compression, "is not gzip or none")
-    )
-    group.add_argument(
-        "--otlp-compression",
-        choices=("gzip", "none"),
-        default=compression_default,
-        help="(default: %(default)s) [OTEL_EXPORTER_OTLP_COMPRESSION]",
-    )
-    group.add_argument(
-        "--otlp-certificate",
-        metavar="PEM",
-        default=env.get("OTEL_EXPORTER_OTLP_CERTIFICATE") or None,
-        help="CA bundle to verify the collector's TLS certificate [OTEL_EXPORTER_OTLP_CERTIFICATE]",
-    )
-    group.add_argument(
-        "--otlp-interval",
-        metavar="SECONDS",
-        type=positive(float),
-        default=_milliseconds_env("OTEL_METRIC_EXPORT_INTERVAL", 15.0, env),
-        help="metrics export interval (default: %(default)s); profiles are pushed after every flush "
+        help="metrics export interval (default: 15s); profiles are pushed after every flush "
         "[OTEL_METRIC_EXPORT_INTERVAL, in ms]",
     )
     group.add_argument(
-        "--otlp-profiles",
+        "--otlp.profiles",
+        dest="otlp_profiles",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="push off-CPU profiles (default: on)",
     )
     group.add_argument(
-        "--otlp-metrics",
+        "--otlp.metrics",
+        dest="otlp_metrics",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="push the off-CPU counters as OTLP metrics (default: on)",
     )
     group.add_argument(
-        "--otlp-switches-profile",
+        "--otlp.switches-profile",
+        dest="otlp_switches_profile",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also send the switch counts as a second profile off_cpu_switches/count (default: on)",
     )
     group.add_argument(
-        "--otlp-service-name",
+        "--otlp.service-name",
+        dest="otlp_service_name",
         metavar="TEMPLATE",
         type=_service_name_template,
         default="{exe}",
@@ -221,15 +196,17 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         + " (default: %(default)s)",
     )
     group.add_argument(
-        "--otlp-top-stacks",
+        "--otlp.top-stacks",
+        dest="otlp_top_stacks",
         metavar="K",
-        type=positive(int),
+        type=positive_int,
         default=10,
         help="per-stack metrics: at most K stacks per process, the rest summed in stack_id=other "
         "(default: %(default)s)",
     )
     group.add_argument(
-        "--otlp-max-processes",
+        "--otlp.max-processes",
+        dest="otlp_max_processes",
         metavar="N",
         type=_non_negative_int,
         default=200,
@@ -237,24 +214,27 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         "process.executable.name=other (0: no limit; default: %(default)s)",
     )
     group.add_argument(
-        "--otlp-stack-attribute",
+        "--otlp.stack-attribute",
+        dest="otlp_stack_attribute",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="add the folded stack as attribute offcpu.stack to per-stack metrics (default: off)",
     )
     group.add_argument(
-        "--otlp-queue-size",
+        "--otlp.queue-size",
+        dest="otlp_queue_size",
         metavar="N",
-        type=positive(int),
+        type=positive_int,
         default=12,
         help="profile requests kept while the collector is unreachable; older ones are dropped (default: %(default)s)",
     )
     group.add_argument(
-        "--otlp-max-delay",
-        metavar="SECONDS",
-        type=positive(float),
+        "--otlp.max-delay",
+        dest="otlp_max_delay",
+        metavar="DURATION",
+        type=seconds,
         default=60.0,
-        help="a profile request not delivered within this time after its flush is dropped (default: %(default)s)",
+        help="a profile request not delivered within this time after its flush is dropped (default: 1m)",
     )
 
 
@@ -273,82 +253,129 @@ def _split_endpoint(url: str, insecure: bool | None, what: str) -> tuple[str, st
     if not host_port or "/" in host_port:
         raise ValueError(f"{what}: expected a URL such as http://host:4317 or host:port, got {url!r}")
     if parts is not None and parts.scheme == "https" and insecure:
-        raise ValueError(f"{what}: https:// together with --otlp-insecure")
+        raise ValueError(f"{what}: https:// together with --otlp.insecure")
     effective_insecure = (not tls_default) if insecure is None else insecure
     return host_port, path, effective_insecure
 
 
-def _signal_endpoint(
-    signal: str, protocol: str, flag: str | None, insecure: bool | None, env: Mapping[str, str]
-) -> SignalEndpoint | None:
-    """`--otlp-endpoint` is a base URL for both signals; so is OTEL_EXPORTER_OTLP_ENDPOINT, while
-    OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT is used as-is (the OTLP exporter specification's rule)."""
-    specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
-    general = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-    if flag:
-        url, as_is, what = flag, False, "--otlp-endpoint"
-    elif specific:
-        url, as_is, what = specific, True, f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
-    elif general:
-        url, as_is, what = general, False, "OTEL_EXPORTER_OTLP_ENDPOINT"
-    else:
+# -- parsers of environment values: (variable name, raw text) -> value, or ValueError naming the variable
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        value = raw.lower() if choices is COMPRESSIONS else raw
+        if value not in choices:
+            raise ValueError(f"{name}={raw!r} is not one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _milliseconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw) / 1000.0
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r} is not a positive number of milliseconds")
+    return value
+
+
+def _boolean(name: str, raw: str) -> bool:
+    return raw.lower() == "true"
+
+
+class _Settings:
+    """One signal's settings: flag > OTEL_EXPORTER_OTLP_<SIGNAL>_<X> > OTEL_EXPORTER_OTLP_<X> > default."""
+
+    def __init__(self, signal: str, env: Mapping[str, str]) -> None:
+        self.signal = signal.upper()
+        self.env = env
+
+    def get(self, flag: _T | None, setting: str, parse: Callable[[str, str], _T], default: _T) -> _T:
+        found = self.source(flag, setting)
+        if found is None:
+            return default
+        name, raw = found
+        return flag if flag is not None else parse(name, raw)  # type: ignore[return-value]
+
+    def source(self, flag: object, setting: str) -> tuple[str, str] | None:
+        """(where, raw value) of the setting that applies, or None for the default."""
+        if flag is not None:
+            return f"--otlp.{setting.lower().replace('_', '-')}", str(flag)
+        for name in (f"OTEL_EXPORTER_OTLP_{self.signal}_{setting}", f"OTEL_EXPORTER_OTLP_{setting}"):
+            raw = self.env.get(name, "").strip()
+            if raw:
+                return name, raw
         return None
+
+
+def _signal_endpoint(signal: str, options: argparse.Namespace, env: Mapping[str, str]) -> SignalEndpoint | None:
+    settings = _Settings(signal, env)
+    where = settings.source(options.otlp_endpoint, "ENDPOINT")
+    if where is None:
+        return None
+    what, url = where
+    # A per-signal URL is the whole URL; --otlp.endpoint and the generic variable are base URLs.
+    as_is = what == f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+    protocol = settings.get(options.otlp_protocol, "PROTOCOL", _choice(PROTOCOLS), "grpc")
+    insecure = settings.get(options.otlp_insecure, "INSECURE", _boolean, None)  # type: ignore[arg-type]
     host_port, path, effective_insecure = _split_endpoint(url, insecure, what)
     if protocol == "grpc":
         # gRPC has no URL path: the service name is the path. A path here is almost always a
         # copy of an OTLP/HTTP URL, which would silently go nowhere.
         if path:
             raise ValueError(f"{what}: a gRPC endpoint has no path: {url!r}")
-        return SignalEndpoint(host_port, effective_insecure)
-    scheme = "http" if effective_insecure else "https"
-    full_path = path if as_is else path + HTTP_PATHS[signal]
-    return SignalEndpoint(f"{scheme}://{host_port}{full_path}", effective_insecure)
-
-
-def _any_endpoint_env(env: Mapping[str, str]) -> bool:
-    names = (
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        target = host_port
+    else:
+        scheme = "http" if effective_insecure else "https"
+        target = f"{scheme}://{host_port}{path if as_is else path + HTTP_PATHS[signal]}"
+    headers_from = settings.source(options.otlp_headers, "HEADERS")
+    headers = dict(parse_env_headers(headers_from[1], liberal=True)) if headers_from else {}
+    for name in headers:
+        if not name or any(c.isspace() for c in name):
+            raise ValueError(f"{headers_from[0]}: bad header name {name!r}")  # type: ignore[index]
+    files = {}
+    for setting in ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY"):
+        flag = getattr(options, f"otlp_{setting.lower()}")
+        found = settings.source(flag, setting)
+        if found is not None and not os.path.isfile(found[1]):
+            raise ValueError(f"{found[0]}: no such file: {found[1]}")
+        files[setting] = found[1] if found else None
+    if bool(files["CLIENT_CERTIFICATE"]) != bool(files["CLIENT_KEY"]):
+        raise ValueError(f"{signal}: a client certificate needs its key and a key its certificate "
+                         "(--otlp.client-certificate, --otlp.client-key)")
+    if files["CLIENT_CERTIFICATE"] and effective_insecure:
+        raise ValueError(f"{signal}: a client certificate (mTLS) needs TLS, but the endpoint is plaintext ({url!r})")
+    return SignalEndpoint(
+        target=target,
+        insecure=effective_insecure,
+        protocol=protocol,
+        headers=headers,
+        timeout=settings.get(options.otlp_timeout, "TIMEOUT", _milliseconds, 10.0),
+        compression=settings.get(options.otlp_compression, "COMPRESSION", _choice(COMPRESSIONS), "gzip"),
+        certificate=files["CERTIFICATE"],
+        client_certificate=files["CLIENT_CERTIFICATE"],
+        client_key=files["CLIENT_KEY"],
     )
-    return any(env.get(n, "").strip() for n in names)
 
 
 def resolve(options: argparse.Namespace, environ: Mapping[str, str] | None = None) -> OtlpConfig | None:
-    """The sink's configuration, or None when it is off. Raises ValueError on contradictory input."""
+    """The sink's configuration, or None when it is off. Raises ValueError on contradictory input,
+    and on an unusable environment value of a signal that is on."""
     env = os.environ if environ is None else environ
-    for value in (options.otlp_protocol, options.otlp_compression, options.otlp_timeout, options.otlp_interval):
-        if isinstance(value, _BadEnvironment) and (options.otlp_endpoint or _any_endpoint_env(env)):
-            raise value.error()
-    protocol = options.otlp_protocol
-    profiles = (
-        _signal_endpoint("profiles", protocol, options.otlp_endpoint, options.otlp_insecure, env)
-        if options.otlp_profiles
-        else None
-    )
-    metrics = (
-        _signal_endpoint("metrics", protocol, options.otlp_endpoint, options.otlp_insecure, env)
-        if options.otlp_metrics
-        else None
-    )
+    profiles = _signal_endpoint("profiles", options, env) if options.otlp_profiles else None
+    metrics = _signal_endpoint("metrics", options, env) if options.otlp_metrics else None
     if profiles is None and metrics is None:
         return None
-    raw_headers = options.otlp_headers or ""
-    headers = dict(parse_env_headers(raw_headers, liberal=True)) if raw_headers.strip() else {}
-    for name in headers:
-        if not name or any(c.isspace() for c in name):
-            raise ValueError(f"--otlp-headers: bad header name {name!r}")
-    if options.otlp_certificate and not os.path.isfile(options.otlp_certificate):
-        raise ValueError(f"--otlp-certificate: no such file: {options.otlp_certificate}")
+    interval = options.otlp_interval
+    if interval is None:
+        raw = env.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
+        interval = _milliseconds("OTEL_METRIC_EXPORT_INTERVAL", raw) if raw and metrics else 15.0
     return OtlpConfig(
-        protocol=protocol,
         profiles=profiles,
         metrics=metrics,
-        headers=headers,
-        timeout=options.otlp_timeout,
-        compression=options.otlp_compression,
-        certificate=options.otlp_certificate,
-        metrics_interval=options.otlp_interval,
+        metrics_interval=interval,
         service_name=options.otlp_service_name,
         top_stacks=options.otlp_top_stacks,
         max_processes=options.otlp_max_processes,

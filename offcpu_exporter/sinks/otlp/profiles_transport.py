@@ -29,7 +29,7 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_g
 
 from offcpu_exporter import __version__
 
-__all__ = ["ExportResult", "GrpcProfilesClient", "HttpProfilesClient", "ProfilesClient"]
+__all__ = ["ExportResult", "GrpcProfilesClient", "HttpProfilesClient", "ProfilesClient", "TlsSession"]
 
 log = logging.getLogger(__name__)
 
@@ -87,25 +87,20 @@ class GrpcProfilesClient:
         self,
         target: str,
         *,
-        insecure: bool,
+        credentials: grpc.ChannelCredentials | None,
         headers: Mapping[str, str],
         compression: str = "gzip",
-        certificate: str | None = None,
     ) -> None:
+        """`credentials`: TLS (and mTLS) of the channel, None for plaintext (SignalEndpoint.grpc_credentials)."""
         self.description = f"grpc {target}"
         # gRPC metadata keys must be lower case (X-Scope-OrgID -> x-scope-orgid); the server
         # sees them case-insensitively, as HTTP/2 headers.
         self._metadata = tuple((k.lower(), v) for k, v in headers.items())
         comp = grpc.Compression.Gzip if compression == "gzip" else grpc.Compression.NoCompression
-        if insecure:
+        if credentials is None:
             self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS, compression=comp)
         else:
-            root = None
-            if certificate:
-                with open(certificate, "rb") as f:
-                    root = f.read()
-            creds = grpc.ssl_channel_credentials(root_certificates=root)
-            self._channel = grpc.secure_channel(target, creds, options=_CHANNEL_OPTIONS, compression=comp)
+            self._channel = grpc.secure_channel(target, credentials, options=_CHANNEL_OPTIONS, compression=comp)
         self._stub = ProfilesServiceStub(self._channel)
 
     def export(self, request: ExportProfilesServiceRequest, timeout: float) -> ExportResult:
@@ -150,6 +145,19 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+class TlsSession(requests.Session):
+    """A requests session whose own CA bundle (`verify`, from --otlp.certificate) is used even where
+    REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE is set: requests lets those variables override
+    Session.verify (https://github.com/psf/requests/issues/3829), and the collector's private CA
+    would then fail verification."""
+
+    def merge_environment_settings(self, url, proxies, stream, verify, cert):  # type: ignore[no-untyped-def]
+        settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
+        if verify is None and isinstance(self.verify, str):
+            settings["verify"] = self.verify
+        return settings
+
+
 class HttpProfilesClient:
     def __init__(
         self,
@@ -158,17 +166,19 @@ class HttpProfilesClient:
         headers: Mapping[str, str],
         compression: str = "gzip",
         certificate: str | None = None,
+        client_cert: tuple[str, str] | None = None,
         session: requests.Session | None = None,
     ) -> None:
         self.description = f"http {url}"
         self._url = url
         self._gzip = compression == "gzip"
-        self._session = session or requests.Session()
+        self._session = session or TlsSession()
         self._session.headers.update(headers)
         self._session.headers.update({"Content-Type": "application/x-protobuf", "User-Agent": USER_AGENT})
         if self._gzip:
             self._session.headers["Content-Encoding"] = "gzip"
         self._verify: str | bool = certificate or True
+        self._session.cert = client_cert  # mTLS: (certificate, key) files
 
     def export(self, request: ExportProfilesServiceRequest, timeout: float) -> ExportResult:
         body = request.SerializeToString()

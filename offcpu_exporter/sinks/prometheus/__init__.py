@@ -30,6 +30,13 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Prometheus (/metrics)")
     g.add_argument(
+        "--web.telemetry-path",
+        dest="web_telemetry_path",
+        default="/metrics",
+        metavar="PATH",
+        help="path under which the metrics are served (default %(default)s)",
+    )
+    g.add_argument(
         "--prometheus.top-stacks",
         dest="prometheus_top_stacks",
         type=int,
@@ -86,7 +93,10 @@ class PrometheusSink:
         per_thread: bool = False,
         top_threads: int = 10,
         call_path_frames: int = CALL_PATH_FRAMES,
+        path: str = "/metrics",
     ) -> None:
+        if not path.startswith("/"):
+            raise ValueError(f"--web.telemetry-path must start with '/': {path!r}")
         if top_stacks < 0 or max_processes < 0 or top_threads < 0:
             raise ValueError(
                 "--prometheus.top-stacks, --prometheus.top-threads and --prometheus.max-processes must not be negative"
@@ -111,7 +121,7 @@ class PrometheusSink:
         PlatformCollector(registry=self.process_registry)
         GCCollector(registry=self.process_registry)
         self.cache = ExpositionCache(self.registry, self.process_registry, self._state)
-        context.routes.add("/metrics", self.handle)
+        context.routes.add(path, self.handle)
 
     def _state(self) -> Hashable:
         stats = tuple(
@@ -146,4 +156,5 @@ def create(options: argparse.Namespace, context: SinkContext) -> PrometheusSink:
         per_thread=getattr(options, "per_thread", False),
         top_threads=options.prometheus_top_threads,
         call_path_frames=options.prometheus_call_path_frames,
+        path=options.web_telemetry_path,
     )

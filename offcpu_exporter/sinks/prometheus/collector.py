@@ -9,6 +9,7 @@ from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    InfoMetricFamily,
     Metric,
 )
 from prometheus_client.utils import floatToGoString
@@ -55,7 +56,7 @@ _Family = CounterMetricFamily | GaugeMetricFamily
 def bcc_version() -> str:
     try:
         import bcc  # type: ignore[import-not-found]
-    except Exception:  # not installed, or libbcc missing: build_info still answers
+    except Exception:  # not installed, or libbcc missing: offcpu_exporter_build_info still answers
         return "unknown"
     return str(getattr(bcc, "__version__", "unknown"))
 
@@ -128,11 +129,6 @@ class OffCPUCollector:
                 labels=PROCESS_LABELS,
             ),
             g("offcpu_exporter_probe_attached", "1 when the BPF probe is attached.", labels=("mode",)),
-            g(
-                "offcpu_exporter_probe_hooked_symbol",
-                "Kernel symbols or tracepoints the probe is attached to.",
-                labels=("mode", "symbol"),
-            ),
             c(
                 "offcpu_exporter_lost_stacks",
                 "Switches whose user or kernel stack could not be captured.",
@@ -182,33 +178,49 @@ class OffCPUCollector:
                 "limit (processes: --prometheus.max-processes, stacks: --prometheus.top-stacks).",
                 labels=("what",),
             ),
-            g(
-                "offcpu_exporter_build_info",
-                "Versions of the exporter, Python and bcc.",
-                labels=("version", "python", "bcc"),
-            ),
         ]
         hist = HistogramMetricFamily(
             "offcpu_block_duration_seconds", "How long each off-CPU period lasted.", labels=HISTOGRAM_LABELS
         )
         return {f.name: f for f in fams}, hist
 
+    @staticmethod
+    def _info_families() -> dict[str, InfoMetricFamily]:
+        # Info metrics (constant 1, descriptive labels): InfoMetricFamily names the samples `..._info`
+        # (Prometheus' and OpenMetrics' convention), and OpenMetrics scrapes see the `info` type.
+        fams = [
+            InfoMetricFamily(
+                "offcpu_exporter_probe_hooked_symbol",
+                "Kernel symbols or tracepoints the probe is attached to, with the attach mode.",
+                labels=("mode", "symbol"),
+            ),
+            InfoMetricFamily(
+                "offcpu_exporter_build",
+                "Versions of the exporter, Python and bcc.",
+                labels=("version", "python", "bcc"),
+            ),
+        ]
+        return {f.name: f for f in fams}
+
     def describe(self) -> Iterable[Metric]:
         fams, hist = self._families()
-        return [*fams.values(), hist]
+        return [*fams.values(), *self._info_families().values(), hist]
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self._latest()
         view = self._selection.view(snapshot)
         fams, hist = self._families()
+        infos = self._info_families()
         self._add_processes(fams, hist, view)
         self._add_blocked(fams, view)
         self._add_health(fams, snapshot.health, view)
         self._add_sinks(fams, snapshot.health)
-        fams["offcpu_exporter_build_info"].add_metric(
-            [self._build["version"], self._build["python"], self._build["bcc"]], 1
-        )
-        return iter([*fams.values(), hist])
+        mode = snapshot.health.attach_mode or "none"
+        for symbol in snapshot.health.hooked_symbols:
+            infos["offcpu_exporter_probe_hooked_symbol"].add_metric([mode, _text(symbol)], {})
+        build = self._build
+        infos["offcpu_exporter_build"].add_metric([build["version"], build["python"], build["bcc"]], {})
+        return iter([*fams.values(), *infos.values(), hist])
 
     # ---- per process and stack ---------------------------------------------------------------------
 
@@ -288,8 +300,6 @@ class OffCPUCollector:
     def _add_health(self, fams: Mapping[str, _Family], h: Health, view: SelectionView) -> None:
         mode = h.attach_mode or "none"
         fams["offcpu_exporter_probe_attached"].add_metric([mode], 1 if h.probe_attached else 0)
-        for symbol in h.hooked_symbols:
-            fams["offcpu_exporter_probe_hooked_symbol"].add_metric([mode, _text(symbol)], 1)
         for key, n in sorted(h.lost_stacks.items()):
             fams["offcpu_exporter_lost_stacks"].add_metric(list(_lost_stack_labels(key)), n)
         for name, fam in (

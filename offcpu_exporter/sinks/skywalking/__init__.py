@@ -1,11 +1,11 @@
 """SkyWalking output: off-CPU `EBPFProfilingData` to a file, to an OAP task, or as a Rover-like agent.
 
 Modes (any of them together):
-- ``--skywalking-file PATH``: every flush appends length-delimited messages to PATH
+- ``--skywalking.file PATH``: every flush appends length-delimited messages to PATH
   (``offcpu-exporter skywalking-dump PATH`` prints them).
-- ``--skywalking-endpoint HOST:PORT --skywalking-task-id T --skywalking-process-id P``: every flush
+- ``--skywalking.endpoint HOST:PORT --skywalking.task-id T --skywalking.process-id P``: every flush
   is streamed to the OAP's ``collectProfilingData`` under that task.
-- ``--skywalking-endpoint HOST:PORT --skywalking-agent``: the watched processes are reported to the
+- ``--skywalking.endpoint HOST:PORT --skywalking.agent``: the watched processes are reported to the
   OAP, and data is streamed for the OFF_CPU tasks the OAP creates for them.
 """
 
@@ -21,6 +21,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from offcpu_exporter.config import positive_int, seconds
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks import SinkContext, SinkStats
 from offcpu_exporter.sinks.skywalking.agent import Agent, AgentOptions
@@ -47,91 +48,79 @@ def _endpoint(value: str) -> str:
     return value
 
 
-def _positive(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
-    return number
-
-
-def _positive_int(value: str) -> int:
-    if not value.isdigit() or int(value) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return int(value)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("SkyWalking output (EBPFProfilingData, off-CPU)")
-    add = group.add_argument
-    add("--skywalking-file", metavar="PATH", default="", help="append length-delimited EBPFProfilingData")
-    add("--skywalking-endpoint", metavar="HOST:PORT", type=_endpoint, default="", help="SkyWalking OAP gRPC")
-    add("--skywalking-tls", action="store_true", help="connect to the OAP with TLS")
+
+    def add(name: str, **kwargs: Any) -> None:
+        # Dotted flags (--skywalking.endpoint) keep the attribute names the sink reads (skywalking_endpoint).
+        group.add_argument(name, dest=name[2:].replace(".", "_").replace("-", "_"), **kwargs)
+
+    add("--skywalking.file", metavar="PATH", default="", help="append length-delimited EBPFProfilingData")
+    add("--skywalking.endpoint", metavar="HOST:PORT", type=_endpoint, default="", help="SkyWalking OAP gRPC")
+    add("--skywalking.tls", action="store_true", help="connect to the OAP with TLS")
     add(
-        "--skywalking-ca-file",
+        "--skywalking.ca-file",
         metavar="PEM",
         default="",
         help="CA certificates for TLS (system roots if unset)",
     )
     add(
-        "--skywalking-authentication",
+        "--skywalking.authentication",
         metavar="TOKEN",
         default=os.environ.get("SW_AGENT_AUTHENTICATION", ""),
         help="token sent as the 'authentication' metadata (default: $SW_AGENT_AUTHENTICATION)",
     )
-    add("--skywalking-task-id", metavar="ID", default="", help="stream every flush under this profiling task")
+    add("--skywalking.task-id", metavar="ID", default="", help="stream every flush under this profiling task")
     add(
-        "--skywalking-process-id",
+        "--skywalking.process-id",
         metavar="ID",
         default="",
-        help="the OAP's process id for --skywalking-task-id",
+        help="the OAP's process id for --skywalking.task-id",
     )
     add(
-        "--skywalking-task-start-time",
+        "--skywalking.task-start-time",
         metavar="MS",
         type=int,
         default=0,
         help="profilingStartTime in ms since the epoch (default: when the probe started)",
     )
-    add("--skywalking-agent", action="store_true", help="report processes and follow the OAP's OFF_CPU tasks")
+    add("--skywalking.agent", action="store_true", help="report processes and follow the OAP's OFF_CPU tasks")
     add(
-        "--skywalking-agent-id",
+        "--skywalking.agent-id",
         metavar="ID",
         default="",
         help="ebpfAgentID / roverInstanceId (default: random)",
     )
     add(
-        "--skywalking-service-name",
+        "--skywalking.service-name",
         metavar="FMT",
         default="{exe}",
         help="fields: {comm} {exe} {pid} {hostname}",
     )
-    add("--skywalking-instance-name", metavar="FMT", default="{hostname}", help="as --skywalking-service-name")
+    add("--skywalking.instance-name", metavar="FMT", default="{hostname}", help="as --skywalking.service-name")
     add(
-        "--skywalking-process-name",
+        "--skywalking.process-name",
         metavar="FMT",
         default="{comm}-{pid}",
-        help="as --skywalking-service-name",
+        help="as --skywalking.service-name",
     )
-    add("--skywalking-labels", metavar="L1,L2", default="", help="labels of the reported processes")
-    add("--skywalking-report-cmdline", action="store_true", help="report command lines as a process property")
+    add("--skywalking.labels", metavar="L1,L2", default="", help="labels of the reported processes")
+    add("--skywalking.report-cmdline", action="store_true", help="report command lines as a process property")
     add(
-        "--skywalking-task-poll-interval",
-        metavar="SECONDS",
-        type=_positive,
+        "--skywalking.task-poll-interval",
+        metavar="DURATION",
+        type=seconds,
         default=10.0,
-        help="queryTasks and keepAlive period (default: %(default)s)",
+        help="queryTasks and keepAlive period (default: 10s)",
     )
     add(
-        "--skywalking-buffer",
+        "--skywalking.buffer",
         metavar="MESSAGES",
-        type=_positive_int,
+        type=positive_int,
         default=10_000,
         help="messages kept for re-sending while a destination fails (default: %(default)s)",
     )
-    add("--skywalking-timeout", metavar="SECONDS", type=_positive, default=10.0, help="per-RPC deadline")
+    add("--skywalking.timeout", metavar="DURATION", type=seconds, default=10.0, help="per-RPC deadline (default: 10s)")
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -149,31 +138,31 @@ def _check(options: argparse.Namespace) -> None:
     if not o.skywalking_endpoint:
         for flag, value in (("agent", o.skywalking_agent), ("tls", o.skywalking_tls)):
             if value:
-                _fail(f"--skywalking-{flag} needs --skywalking-endpoint")
+                _fail(f"--skywalking.{flag} needs --skywalking.endpoint")
         if o.skywalking_task_id and not o.skywalking_file:
-            _fail("--skywalking-task-id needs --skywalking-endpoint (or names the records of --skywalking-file)")
+            _fail("--skywalking.task-id needs --skywalking.endpoint (or names the records of --skywalking.file)")
     elif o.skywalking_agent:
         if o.skywalking_task_id:
-            _fail("--skywalking-agent takes its tasks from the OAP: drop --skywalking-task-id")
+            _fail("--skywalking.agent takes its tasks from the OAP: drop --skywalking.task-id")
     elif not o.skywalking_task_id or not o.skywalking_process_id:
-        _fail("--skywalking-endpoint needs --skywalking-task-id and --skywalking-process-id, or --skywalking-agent")
+        _fail("--skywalking.endpoint needs --skywalking.task-id and --skywalking.process-id, or --skywalking.agent")
     if o.skywalking_ca_file:
         if not o.skywalking_tls:
-            _fail("--skywalking-ca-file needs --skywalking-tls")
+            _fail("--skywalking.ca-file needs --skywalking.tls")
         try:
             Path(o.skywalking_ca_file).read_bytes()
         except OSError as exc:
-            _fail(f"--skywalking-ca-file: {exc.strerror}: {o.skywalking_ca_file}")
+            _fail(f"--skywalking.ca-file: {exc.strerror}: {o.skywalking_ca_file}")
     if o.skywalking_file:
         parent = Path(o.skywalking_file).resolve().parent
         if not parent.is_dir() or not os.access(parent, os.W_OK):
-            _fail(f"--skywalking-file: cannot write in {parent}")
+            _fail(f"--skywalking.file: cannot write in {parent}")
     for flag in ("service", "instance", "process"):
         template = getattr(o, f"skywalking_{flag}_name")
         try:
             template.format(comm="c", exe="e", pid=1, hostname="h")
         except (KeyError, IndexError, ValueError) as exc:
-            _fail(f"--skywalking-{flag}-name {template!r}: unknown field or bad format ({exc})")
+            _fail(f"--skywalking.{flag}-name {template!r}: unknown field or bad format ({exc})")
 
 
 class SkyWalkingSink:

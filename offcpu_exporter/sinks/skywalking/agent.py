@@ -20,7 +20,7 @@ from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks.skywalking.client import OapClient
 from offcpu_exporter.sinks.skywalking.delivery import describe_error
 from offcpu_exporter.sinks.skywalking.encode import TaskMetadata
-from offcpu_exporter.sinks.skywalking.proto.common import Command_pb2, Common_pb2
+from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2
 from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Process_pb2
 from offcpu_exporter.snapshot import ProcessInfo, ProcessKey, Snapshot
 
@@ -65,7 +65,7 @@ def _int_arg(args: Mapping[str, str], name: str) -> int:
         return 0
 
 
-def parse_tasks(commands: Command_pb2.Commands) -> list[ProfilingTask]:
+def parse_tasks(commands: Common_pb2.Commands) -> list[ProfilingTask]:
     tasks = []
     for command in commands.commands:
         if command.command != TASK_COMMAND:

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 
 from offcpu_exporter.sinks.skywalking.encode import TaskMetadata, with_task
-from offcpu_exporter.sinks.skywalking.proto.common import Command_pb2
+from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2
 from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import (
     Process_pb2,
     Process_pb2_grpc,
@@ -64,9 +64,9 @@ class OapClient:
 
     def query_tasks(
         self, instance_id: str, latest_update_ms: int, timeout: float | None = None
-    ) -> Command_pb2.Commands:
+    ) -> Common_pb2.Commands:
         query = Profile_pb2.EBPFProfilingTaskQuery(roverInstanceId=instance_id, latestUpdateTime=latest_update_ms)
-        result: Command_pb2.Commands = self._profiling.queryTasks(
+        result: Common_pb2.Commands = self._profiling.queryTasks(
             query, timeout=self._timeout(timeout), metadata=self._metadata
         )
         return result

@@ -1,4 +1,4 @@
-"""``offcpu-exporter skywalking-dump PATH``: prints a file written by ``--skywalking-file``."""
+"""``offcpu-exporter skywalking-dump PATH``: prints a file written by ``--skywalking.file``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from google.protobuf import json_format
 
+from offcpu_exporter import logfmt
 from offcpu_exporter.sinks.skywalking.delimited import CorruptFile, read_messages
 from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
 
@@ -21,14 +22,14 @@ def add_dump_arguments(subparsers: Any) -> argparse.ArgumentParser:
     """Adds the ``skywalking-dump`` subcommand to an ``add_subparsers()`` object."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "skywalking-dump",
-        help="print the EBPFProfilingData messages of a --skywalking-file",
-        description="Prints length-delimited EBPFProfilingData messages (as --skywalking-file writes them).",
+        help="print the EBPFProfilingData messages of a --skywalking.file",
+        description="Prints length-delimited EBPFProfilingData messages (as --skywalking.file writes them).",
     )
-    parser.add_argument("path", metavar="PATH", help="file written by --skywalking-file ('-' for stdin)")
+    parser.add_argument("path", metavar="PATH", help="file written by --skywalking.file ('-' for stdin)")
     parser.add_argument(
         "--format", choices=("text", "json"), default="text", help="text (default) or one JSON object a line"
     )
-    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
+    logfmt.add_arguments(parser, level="warning")
     parser.set_defaults(handler=dump_main)
     return parser
 

@@ -116,7 +116,7 @@ class Recorder:
 
     def __init__(self, pids: list[int], duration: float) -> None:
         # Debug logging: the symbolizer says which files and debug files it used, for failure messages.
-        argv = [sys.executable, "-m", "offcpu_exporter", "record", "--log-level", "debug", "--format", "folded"]
+        argv = [sys.executable, "-m", "offcpu_exporter", "record", "--log.level", "debug", "--format", "folded"]
         argv += ["--duration", str(duration)]
         for pid in pids:
             argv += ["--pid", str(pid)]

@@ -31,6 +31,12 @@ def test_generated_module_is_current(tmp_path: Path) -> None:
         assert f"class {message}(_message.Message)" in stub
 
 
+def test_the_proto_is_pprofs_with_its_licence() -> None:
+    text = (regenerate.HERE / "profile.proto").read_text()
+    assert text.startswith("// Copyright 2016 Google Inc. All Rights Reserved.\n//\n// Licensed under the Apache")
+    assert "package perftools.profiles;" in text
+
+
 def test_descriptor_name_is_qualified() -> None:
     from offcpu_exporter.formats.proto import profile_pb2
 
@@ -58,7 +64,6 @@ def test_field_numbers_are_the_wire_contract() -> None:
             "period": 12,
             "comment": 13,
             "default_sample_type": 14,
-            "doc_url": 15,
         },
         pb.ValueType: {"type": 1, "unit": 2},
         pb.Sample: {"location_id": 1, "value": 2, "label": 3},

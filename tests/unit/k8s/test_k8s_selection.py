@@ -36,8 +36,8 @@ def test_repeated_options() -> None:
 
 
 @pytest.mark.parametrize("args", [["--pod-label", "novalue"], ["--pod-label", "=x"],
-                                  ["--pod-label", "a=b c"], ["--kubernetes-refresh-interval", "0"],
-                                  ["--kubernetes-refresh-interval", "soon"], ["--kubernetes-metadata", "on"]])
+                                  ["--pod-label", "a=b c"], ["--kubernetes.refresh-interval", "0"],
+                                  ["--kubernetes.refresh-interval", "soon"], ["--kubernetes.metadata", "on"]])
 def test_bad_input_exits_2_with_one_line(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         parser().parse_args(args)

@@ -79,12 +79,20 @@ def test_routes() -> None:
     assert routes.paths() == ["/debug/pprof/", "/debug/pprof/offcpu", "/debug/pprof/profile", "/flamegraph"]
 
 
-@pytest.mark.parametrize("path", ["/debug/pprof/profile", "/debug/pprof/offcpu"])
-def test_profile_waits_and_differences(path: str) -> None:
+def test_cpu_profile_path_is_not_served_as_off_cpu() -> None:
+    # Pyroscope, Grafana Alloy and Parca scrape /debug/pprof/profile as CPU time by default.
+    source = Source(make_before(), make_after())
+    _, routes = make_sink(source)
+    response = get(routes, "/debug/pprof/profile?seconds=0.3")
+    assert response.status == 404 and source.taken == []
+    assert response.body.decode().count("\n") == 1 and "/debug/pprof/offcpu?seconds=N" in response.body.decode()
+
+
+def test_profile_waits_and_differences() -> None:
     source = Source(make_before(), make_after())
     sink, routes = make_sink(source)
     started = time.monotonic()
-    response = get(routes, f"{path}?seconds=0.3")
+    response = get(routes, "/debug/pprof/offcpu?seconds=0.3")
     assert time.monotonic() - started >= 0.3
     assert response.status == 200
     assert response.content_type == "application/octet-stream"
@@ -109,7 +117,7 @@ def test_profile_sums_the_history_between_its_flushes() -> None:
     for history, expected in ((True, [40_000_499, 2]), (False, None)):
         source = Source(before, middle, last, history=history, steps=[1, 2])
         _, routes = make_sink(source)
-        p = decode(get(routes, "/debug/pprof/profile?seconds=0.01").body)
+        p = decode(get(routes, "/debug/pprof/offcpu?seconds=0.01").body)
         assert [s.sequence for s in source.taken] == [1, 2, 3]
         assert by_tid(p).get("779") == expected
         assert by_tid(p)["4242"] == [1_500_000_000, 15]
@@ -129,7 +137,7 @@ def test_profile_sums_the_history_between_its_flushes() -> None:
 def test_bad_parameters(query: str, message: str) -> None:
     source = Source(make_before(), make_after())
     _, routes = make_sink(source, max_seconds=300)
-    response = get(routes, f"/debug/pprof/profile?{query}")
+    response = get(routes, f"/debug/pprof/offcpu?{query}")
     assert response.status == 400
     assert message in response.body.decode()
     assert response.body.count(b"\n") == 1
@@ -138,9 +146,9 @@ def test_bad_parameters(query: str, message: str) -> None:
 
 def test_filters() -> None:
     _, routes = make_sink(Source(make_before(), make_after()))
-    assert set(by_tid(decode(get(routes, "/debug/pprof/profile?seconds=0.01&pid=777").body))) == {"779"}
+    assert set(by_tid(decode(get(routes, "/debug/pprof/offcpu?seconds=0.01&pid=777").body))) == {"779"}
     _, routes = make_sink(Source(make_before(), make_after()))
-    both = decode(get(routes, "/debug/pprof/profile?seconds=0.01&pid=1,4242&pid=777&comm=^off").body)
+    both = decode(get(routes, "/debug/pprof/offcpu?seconds=0.01&pid=1,4242&pid=777&comm=^off").body)
     assert set(by_tid(both)) == {"4242", "4243", "4244"}
 
 
@@ -148,12 +156,12 @@ def test_concurrency_limit_and_shutdown() -> None:
     source = Source(make_before(), make_after())
     sink, routes = make_sink(source, max_concurrent=1)
     results: list[Response] = []
-    worker = threading.Thread(target=lambda: results.append(get(routes, "/debug/pprof/profile?seconds=60")))
+    worker = threading.Thread(target=lambda: results.append(get(routes, "/debug/pprof/offcpu?seconds=60")))
     worker.start()
     deadline = time.monotonic() + 5
     while not source.taken and time.monotonic() < deadline:
         time.sleep(0.01)
-    busy = get(routes, "/debug/pprof/profile?seconds=1")
+    busy = get(routes, "/debug/pprof/offcpu?seconds=1")
     assert busy.status == 429 and sink.stats.get("dropped") == 1
     started = time.monotonic()
     sink.close(1.0)
@@ -166,7 +174,7 @@ def test_flush_failure_is_a_503() -> None:
     source = Source(make_before())
     source.fail = True
     sink, routes = make_sink(source)
-    response = get(routes, "/debug/pprof/profile?seconds=0.01")
+    response = get(routes, "/debug/pprof/offcpu?seconds=0.01")
     assert response.status == 503 and "no flush within" in response.body.decode()
     assert sink.stats.get("failed") == 1
 
@@ -211,7 +219,7 @@ def test_options() -> None:
     options = parser().parse_args([])
     assert (options.pprof_max_seconds, options.flamegraph_max_minutes) == (300.0, 60.0)
     sink = pprof_sink.create(options, context)
-    assert sink is not None and sink.max_seconds == 300.0 and "/debug/pprof/profile" in context.routes.paths()
+    assert sink is not None and sink.max_seconds == 300.0 and "/debug/pprof/offcpu" in context.routes.paths()
     assert pprof_sink.create(parser().parse_args(["--pprof.disable"]), context) is None
     options = parser().parse_args(["--pprof.max-seconds", "10"])
     assert options.pprof_max_seconds == 10.0

@@ -386,6 +386,8 @@ def test_describe_lists_every_family_without_samples() -> None:
     assert described["offcpu_seconds"] == "counter"
     assert described["offcpu_block_duration_seconds"] == "histogram"
     assert described["offcpu_exporter_probe_attached"] == "gauge"
+    # Every constant-1 metric with descriptive labels is an info metric named ..._info.
+    assert described["offcpu_exporter_build"] == described["offcpu_exporter_probe_hooked_symbol"] == "info"
     collected = {m.name for m in col.collect()}
     assert collected == set(described)
     reg = CollectorRegistry()
@@ -431,7 +433,7 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
     reg.register(OffCPUCollector(lambda: snap, lambda: [FakeSink()], Selection(), bcc="0.26.0"))  # type: ignore[list-item]
     text = generate_latest(reg).decode()
     assert samples(text, "offcpu_exporter_probe_attached") == [({"mode": "tracepoint"}, 1.0)]
-    assert samples(text, "offcpu_exporter_probe_hooked_symbol") == [
+    assert samples(text, "offcpu_exporter_probe_hooked_symbol_info") == [
         ({"mode": "tracepoint", "symbol": "sched:sched_switch"}, 1.0)
     ]
     assert {(lab["half"], lab["reason"]): v for lab, v in samples(text, "offcpu_exporter_lost_stacks_total")} == {
@@ -578,3 +580,21 @@ def test_threads_blocked_now_per_process_and_reason() -> None:
     assert by(text, "offcpu_blocked_threads", "reason") == {"runnable": 0, "sleeping": 0, "uninterruptible": 3,
                                                            "other": 0}
     assert by(text, "offcpu_blocked_longest_seconds", "reason")["uninterruptible"] == 95.5
+
+
+def test_telemetry_path_is_node_exporters_flag() -> None:
+    routes = Routes()
+    snap = Builder().snapshot()
+    ctx = SinkContext(latest=lambda: snap, flush_now=lambda t: snap, routes=routes)
+    parser = argparse.ArgumentParser()
+    prom_sink.add_arguments(parser)
+    assert parser.parse_args([]).web_telemetry_path == "/metrics"
+    sink = prom_sink.create(parser.parse_args(["--web.telemetry-path", "/offcpu/metrics"]), ctx)
+    ctx.sinks.append(sink)
+    assert routes.get("/metrics") is None
+    handler = routes.get("/offcpu/metrics")
+    assert handler is not None
+    assert b"offcpu_exporter_build_info" in handler(Request("GET", "/offcpu/metrics", {}, {})).body
+    with pytest.raises(ValueError, match="must start with '/'"):
+        prom_sink.create(parser.parse_args(["--web.telemetry-path", "metrics"]), SinkContext(
+            latest=lambda: snap, flush_now=lambda t: snap, routes=Routes()))

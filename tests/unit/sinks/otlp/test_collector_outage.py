@@ -46,15 +46,15 @@ def test_collector_down_then_back() -> None:
     latest = [_snapshot(1)]
     sink = sink_from_args(
         [
-            "--otlp-endpoint",
+            "--otlp.endpoint",
             receiver.endpoint,
-            "--otlp-queue-size",
+            "--otlp.queue-size",
             "4",
-            "--otlp-max-delay",
+            "--otlp.max-delay",
             "6",
-            "--otlp-timeout",
+            "--otlp.timeout",
             "2",
-            "--otlp-interval",
+            "--otlp.interval",
             "1",
         ],
         latest=lambda: latest[0],

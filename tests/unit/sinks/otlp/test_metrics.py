@@ -99,16 +99,16 @@ def test_metrics_carry_the_snapshot_totals(protocol: str, monkeypatch: pytest.Mo
     with receiver:
         sink = sink_from_args(
             [
-                "--otlp-endpoint",
+                "--otlp.endpoint",
                 receiver.endpoint,
-                "--otlp-protocol",
+                "--otlp.protocol",
                 protocol,
-                "--no-otlp-profiles",
-                "--otlp-interval",
+                "--no-otlp.profiles",
+                "--otlp.interval",
                 "0.3",
-                "--otlp-top-stacks",
+                "--otlp.top-stacks",
                 "2",
-                "--otlp-headers",
+                "--otlp.headers",
                 "X-Scope-OrgID=t1",
             ],
             latest=lambda: snap,

@@ -30,13 +30,13 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[GrpcReceiver | HttpRece
 
 def _args(receiver: GrpcReceiver | HttpReceiver, *extra: str) -> list[str]:
     return [
-        "--otlp-endpoint",
+        "--otlp.endpoint",
         receiver.endpoint,
-        "--otlp-protocol",
+        "--otlp.protocol",
         receiver.protocol,  # type: ignore[union-attr]
-        "--otlp-headers",
+        "--otlp.headers",
         "X-Scope-OrgID=tenant-1",
-        "--no-otlp-metrics",
+        "--no-otlp.metrics",
         *extra,
     ]
 
@@ -122,14 +122,14 @@ def test_full_queue_drops_oldest_and_close_is_bounded(protocol: str) -> None:
     port = free_port()  # nobody listens
     sink = sink_from_args(
         [
-            "--otlp-endpoint",
+            "--otlp.endpoint",
             f"http://127.0.0.1:{port}",
-            "--otlp-protocol",
+            "--otlp.protocol",
             protocol,
-            "--no-otlp-metrics",
-            "--otlp-queue-size",
+            "--no-otlp.metrics",
+            "--otlp.queue-size",
             "2",
-            "--otlp-max-delay",
+            "--otlp.max-delay",
             "60",
         ]
     )
@@ -148,7 +148,7 @@ def test_full_queue_drops_oldest_and_close_is_bounded(protocol: str) -> None:
 def test_request_past_its_deadline_is_dropped() -> None:
     port = free_port()
     sink = sink_from_args(
-        ["--otlp-endpoint", f"http://127.0.0.1:{port}", "--no-otlp-metrics", "--otlp-max-delay", "1.5"]
+        ["--otlp.endpoint", f"http://127.0.0.1:{port}", "--no-otlp.metrics", "--otlp.max-delay", "1.5"]
     )
     sink.publish(two_process_snapshot())
     deadline = time.monotonic() + 10
@@ -160,7 +160,7 @@ def test_request_past_its_deadline_is_dropped() -> None:
 
 def test_publish_never_blocks() -> None:
     port = free_port()
-    sink = sink_from_args(["--otlp-endpoint", f"127.0.0.1:{port}", "--otlp-insecure", "--no-otlp-metrics"])
+    sink = sink_from_args(["--otlp.endpoint", f"127.0.0.1:{port}", "--otlp.insecure", "--no-otlp.metrics"])
     snap = two_process_snapshot()
     start = time.monotonic()
     for _ in range(200):
@@ -185,7 +185,7 @@ def test_grpc_messages_are_gzip_compressed_on_the_wire(compression: str, gzipped
     with GrpcReceiver() as receiver:
         relay = TcpRelay(receiver.port)
         sink = sink_from_args(
-            ["--otlp-endpoint", relay.endpoint, "--no-otlp-metrics", "--otlp-compression", compression]
+            ["--otlp.endpoint", relay.endpoint, "--no-otlp.metrics", "--otlp.compression", compression]
         )
         sink.publish(two_process_snapshot())
         sink.close(5)
@@ -200,7 +200,7 @@ def test_close_keeps_to_its_timeout_with_both_signals_and_no_collector(protocol:
     port = free_port()
     snap = two_process_snapshot()
     sink = sink_from_args(
-        ["--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol", protocol, "--otlp-interval", "0.2"],
+        ["--otlp.endpoint", f"http://127.0.0.1:{port}", "--otlp.protocol", protocol, "--otlp.interval", "0.2"],
         latest=lambda: snap,
     )
     sink.publish(snap)

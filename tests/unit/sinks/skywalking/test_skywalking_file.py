@@ -1,4 +1,4 @@
-"""--skywalking-file: the sink writes length-delimited messages; skywalking-dump reads them."""
+"""--skywalking.file: the sink writes length-delimited messages; skywalking-dump reads them."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_varint_framing_is_protobufs() -> None:
 
 def test_file_round_trip(tmp_path) -> None:
     path = tmp_path / "out.swpb"
-    sink = create(parse(["--skywalking-file", str(path), "--skywalking-task-id", "t-9"]), context())
+    sink = create(parse(["--skywalking.file", str(path), "--skywalking.task-id", "t-9"]), context())
     assert sink is not None
     sink.publish(snapshot([sample(APP, SLEEP, 10, 2 * SEC), sample(APP, PIPE, 3, SEC // 2)], [APP], sequence=1))
     assert sink.wait_idle(5)  # else both flushes may go out as one batch under one header
@@ -77,7 +77,7 @@ def test_file_round_trip(tmp_path) -> None:
 def test_file_appends_across_runs(tmp_path) -> None:
     path = tmp_path / "out.swpb"
     for _ in range(2):
-        sink = create(parse(["--skywalking-file", str(path)]), context())
+        sink = create(parse(["--skywalking.file", str(path)]), context())
         assert sink is not None
         sink.publish(snapshot([sample(APP, SLEEP, 1, 5)], [APP]))
         sink.close(5)
@@ -87,7 +87,7 @@ def test_file_appends_across_runs(tmp_path) -> None:
 
 def test_dump_text_and_json(tmp_path, capsys) -> None:
     path = tmp_path / "out.swpb"
-    sink = create(parse(["--skywalking-file", str(path)]), context())
+    sink = create(parse(["--skywalking.file", str(path)]), context())
     assert sink is not None
     sink.publish(snapshot([sample(APP, SLEEP, 10, 2 * SEC)], [APP]))
     sink.close(5)
@@ -141,34 +141,34 @@ def test_dump_bad_files(tmp_path, capsys) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--skywalking-agent"], "--skywalking-agent needs --skywalking-endpoint"),
-        (["--skywalking-tls"], "--skywalking-tls needs --skywalking-endpoint"),
-        (["--skywalking-task-id", "t"], "--skywalking-task-id needs --skywalking-endpoint"),
-        (["--skywalking-endpoint", "h:1"], "needs --skywalking-task-id and --skywalking-process-id"),
-        (["--skywalking-endpoint", "h:1", "--skywalking-task-id", "t"], "needs --skywalking-task-id and"),
+        (["--skywalking.agent"], "--skywalking.agent needs --skywalking.endpoint"),
+        (["--skywalking.tls"], "--skywalking.tls needs --skywalking.endpoint"),
+        (["--skywalking.task-id", "t"], "--skywalking.task-id needs --skywalking.endpoint"),
+        (["--skywalking.endpoint", "h:1"], "needs --skywalking.task-id and --skywalking.process-id"),
+        (["--skywalking.endpoint", "h:1", "--skywalking.task-id", "t"], "needs --skywalking.task-id and"),
         (
-            ["--skywalking-endpoint", "h:1", "--skywalking-agent", "--skywalking-task-id", "t"],
-            "drop --skywalking-task-id",
+            ["--skywalking.endpoint", "h:1", "--skywalking.agent", "--skywalking.task-id", "t"],
+            "drop --skywalking.task-id",
         ),
         (
-            ["--skywalking-endpoint", "h:1", "--skywalking-agent", "--skywalking-ca-file", "/x"],
-            "--skywalking-ca-file needs --skywalking-tls",
+            ["--skywalking.endpoint", "h:1", "--skywalking.agent", "--skywalking.ca-file", "/x"],
+            "--skywalking.ca-file needs --skywalking.tls",
         ),
         (
             [
-                "--skywalking-endpoint",
+                "--skywalking.endpoint",
                 "h:1",
-                "--skywalking-agent",
-                "--skywalking-tls",
-                "--skywalking-ca-file",
+                "--skywalking.agent",
+                "--skywalking.tls",
+                "--skywalking.ca-file",
                 "/nx",
             ],
-            "--skywalking-ca-file: No such file or directory: /nx",
+            "--skywalking.ca-file: No such file or directory: /nx",
         ),
-        (["--skywalking-file", "/nonexistent-dir/x"], "--skywalking-file: cannot write in /nonexistent-dir"),
+        (["--skywalking.file", "/nonexistent-dir/x"], "--skywalking.file: cannot write in /nonexistent-dir"),
         (
-            ["--skywalking-file", "/tmp/x", "--skywalking-process-name", "{nope}"],
-            "--skywalking-process-name '{nope}': unknown field",
+            ["--skywalking.file", "/tmp/x", "--skywalking.process-name", "{nope}"],
+            "--skywalking.process-name '{nope}': unknown field",
         ),
     ],
 )
@@ -182,7 +182,7 @@ def test_bad_options_are_one_line_errors(argv, message) -> None:
 @pytest.mark.parametrize("value", ["nohost", ":80", "h:0", "h:99999", "h:x"])
 def test_bad_endpoint_is_an_argparse_error(value, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        parse(["--skywalking-endpoint", value])
+        parse(["--skywalking.endpoint", value])
     assert exit_info.value.code == 2
     assert "expected HOST:PORT" in capsys.readouterr().err
 

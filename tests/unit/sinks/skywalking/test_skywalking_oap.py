@@ -50,11 +50,11 @@ def oap():
 def stream_sink(endpoint: str, *extra: str, policy: RetryPolicy = FAST) -> SkyWalkingSink:
     options = parse(
         [
-            "--skywalking-endpoint",
+            "--skywalking.endpoint",
             endpoint,
-            "--skywalking-task-id",
+            "--skywalking.task-id",
             "task-1",
-            "--skywalking-process-id",
+            "--skywalking.process-id",
             "p-1",
             *extra,
         ]
@@ -93,13 +93,13 @@ def test_task_mode_streams_each_flush(oap: FakeOap) -> None:
 def test_authentication_header() -> None:
     oap = FakeOap(token="s3cret").start()
     try:
-        good = stream_sink(oap.endpoint, "--skywalking-authentication", "s3cret")
+        good = stream_sink(oap.endpoint, "--skywalking.authentication", "s3cret")
         good.publish(snapshot([sample(APP, SLEEP, 1, 5)], [APP]))
         assert oap.wait_for(lambda r: len(r.streams) == 1)
         good.close(5)
         assert oap.recorded.streams[0].metadata["authentication"] == "s3cret"
 
-        bad = stream_sink(oap.endpoint, "--skywalking-authentication", "wrong")
+        bad = stream_sink(oap.endpoint, "--skywalking.authentication", "wrong")
         bad.publish(snapshot([sample(APP, SLEEP, 1, 5)], [APP]))
         bad.close(1)
         assert len(oap.recorded.streams) == 1  # refused by the server
@@ -121,8 +121,8 @@ def test_tls_with_ca_file(tmp_path) -> None:
     oap = FakeOap(credentials=credentials).start()
     try:
         options = parse(
-            ["--skywalking-endpoint", oap.endpoint, "--skywalking-tls", "--skywalking-ca-file", str(cert),
-             "--skywalking-task-id", "t", "--skywalking-process-id", "p"]
+            ["--skywalking.endpoint", oap.endpoint, "--skywalking.tls", "--skywalking.ca-file", str(cert),
+             "--skywalking.task-id", "t", "--skywalking.process-id", "p"]
         )  # fmt: skip
         sink = create(options, context())
         assert sink is not None
@@ -135,7 +135,7 @@ def test_tls_with_ca_file(tmp_path) -> None:
 
 
 def test_oap_down_then_back_loses_nothing_within_the_buffer(oap: FakeOap) -> None:
-    sink = stream_sink(oap.endpoint, "--skywalking-buffer", "100")
+    sink = stream_sink(oap.endpoint, "--skywalking.buffer", "100")
     (delivery,) = sink.deliveries
     sink.publish(snapshot([sample(APP, SLEEP, 1, 10)], [APP], sequence=1))
     assert oap.wait_for(lambda r: len(r.streams) == 1)
@@ -168,7 +168,7 @@ def test_oap_down_then_back_loses_nothing_within_the_buffer(oap: FakeOap) -> Non
 
 
 def test_oap_down_beyond_the_buffer_counts_drops(oap: FakeOap, caplog) -> None:
-    sink = stream_sink(oap.endpoint, "--skywalking-buffer", "5")
+    sink = stream_sink(oap.endpoint, "--skywalking.buffer", "5")
     (delivery,) = sink.deliveries
     oap.stop()
     with caplog.at_level(logging.WARNING):
@@ -250,7 +250,7 @@ def test_publish_returns_at_once_and_a_far_behind_encoder_drops_counted(oap: Fak
 
 
 def agent_sink(oap: FakeOap, *extra: str) -> tuple[SkyWalkingSink, Agent]:
-    options = parse(["--skywalking-endpoint", oap.endpoint, "--skywalking-agent", *extra])
+    options = parse(["--skywalking.endpoint", oap.endpoint, "--skywalking.agent", *extra])
     client = OapClient(OapConnection(oap.endpoint, timeout=1.0))
     agent = Agent(
         client,
@@ -268,7 +268,7 @@ def agent_sink(oap: FakeOap, *extra: str) -> tuple[SkyWalkingSink, Agent]:
 
 
 def test_agent_reports_processes_and_follows_an_off_cpu_task(oap: FakeOap, caplog) -> None:
-    sink, agent = agent_sink(oap, "--skywalking-report-cmdline")
+    sink, agent = agent_sink(oap, "--skywalking.report-cmdline")
 
     def flush(seq: int) -> None:
         sink.publish(

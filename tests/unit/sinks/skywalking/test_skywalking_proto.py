@@ -7,17 +7,18 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
 from offcpu_exporter.sinks.skywalking.proto import generate
-from offcpu_exporter.sinks.skywalking.proto.common import Command_pb2, Common_pb2
+from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2
 from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Process_pb2, Process_pb2_grpc, Profile_pb2
+from tests.support.gencode import stale_descriptors
 
 T = FieldDescriptor
 # (message, field, number, type, repeated, message type or enum or oneof) from the protocol facts.
 FACTS = [
     (Common_pb2.KeyStringValuePair, "key", 1, T.TYPE_STRING, False, None),
     (Common_pb2.KeyStringValuePair, "value", 2, T.TYPE_STRING, False, None),
-    (Command_pb2.Command, "command", 1, T.TYPE_STRING, False, None),
-    (Command_pb2.Command, "args", 2, T.TYPE_MESSAGE, True, "KeyStringValuePair"),
-    (Command_pb2.Commands, "commands", 1, T.TYPE_MESSAGE, True, "Command"),
+    (Common_pb2.Command, "command", 1, T.TYPE_STRING, False, None),
+    (Common_pb2.Command, "args", 2, T.TYPE_MESSAGE, True, "KeyStringValuePair"),
+    (Common_pb2.Commands, "commands", 1, T.TYPE_MESSAGE, True, "Command"),
     (Profile_pb2.EBPFProfilingTaskQuery, "roverInstanceId", 1, T.TYPE_STRING, False, None),
     (Profile_pb2.EBPFProfilingTaskQuery, "latestUpdateTime", 2, T.TYPE_INT64, False, None),
     (Profile_pb2.EBPFProfilingData, "task", 1, T.TYPE_MESSAGE, False, "EBPFProfilingTaskMetadata"),
@@ -245,7 +246,7 @@ def test_process_messages_from_hand_written_bytes() -> None:
     assert ping.processes[0].entityMetadata.processName == "app-1"
     assert ping.processes[0].properties[0].value == "true"
 
-    commands = Command_pb2.Commands.FromString(
+    commands = Common_pb2.Commands.FromString(
         length(1, length(1, "EBPFProfilingTaskQuery") + length(2, length(1, "TaskId") + length(2, "t1")))
     )
     assert commands.commands[0].command == "EBPFProfilingTaskQuery"
@@ -253,8 +254,18 @@ def test_process_messages_from_hand_written_bytes() -> None:
 
 
 def test_committed_generated_code_is_current() -> None:
-    stale = generate.differences()
-    assert not stale, f"regenerate with: python {generate.__file__} ({stale})"
+    modules = {"common/Common.proto": Common_pb2, "ebpf/profiling/Profile.proto": Profile_pb2,
+               "ebpf/profiling/Process.proto": Process_pb2}
+    assert set(modules) == set(generate.PROTOS)
+    stale = stale_descriptors(modules, generate.HERE)
+    assert not stale, f"regenerate as {generate.__file__} says ({stale})"
+
+
+def test_vendored_protos_are_upstream_files_with_their_licence() -> None:
+    for proto in generate.PROTOS:
+        text = (generate.HERE / proto).read_text()
+        assert text.startswith("/*\n * Licensed to the Apache Software Foundation (ASF)"), proto
+        assert "http://www.apache.org/licenses/LICENSE-2.0" in text, proto
 
 
 def test_generated_modules_import_inside_the_package() -> None:

@@ -1,10 +1,8 @@
 from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2 as _Common_pb2
-from offcpu_exporter.sinks.skywalking.proto.common import Command_pb2 as _Command_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -34,16 +32,6 @@ class EBPFHostProcessMetadata(_message.Message):
     properties: _containers.RepeatedCompositeFieldContainer[_Common_pb2.KeyStringValuePair]
     def __init__(self, entity: _Optional[_Union[EBPFProcessEntityMetadata, _Mapping]] = ..., pid: _Optional[int] = ..., properties: _Optional[_Iterable[_Union[_Common_pb2.KeyStringValuePair, _Mapping]]] = ...) -> None: ...
 
-class EBPFKubernetesProcessMetadata(_message.Message):
-    __slots__ = ("entity", "pid", "properties")
-    ENTITY_FIELD_NUMBER: _ClassVar[int]
-    PID_FIELD_NUMBER: _ClassVar[int]
-    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
-    entity: EBPFProcessEntityMetadata
-    pid: int
-    properties: _containers.RepeatedCompositeFieldContainer[_Common_pb2.KeyStringValuePair]
-    def __init__(self, entity: _Optional[_Union[EBPFProcessEntityMetadata, _Mapping]] = ..., pid: _Optional[int] = ..., properties: _Optional[_Iterable[_Union[_Common_pb2.KeyStringValuePair, _Mapping]]] = ...) -> None: ...
-
 class EBPFProcessEntityMetadata(_message.Message):
     __slots__ = ("layer", "serviceName", "instanceName", "processName", "labels")
     LAYER_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +45,16 @@ class EBPFProcessEntityMetadata(_message.Message):
     processName: str
     labels: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, layer: _Optional[str] = ..., serviceName: _Optional[str] = ..., instanceName: _Optional[str] = ..., processName: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EBPFKubernetesProcessMetadata(_message.Message):
+    __slots__ = ("entity", "pid", "properties")
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    entity: EBPFProcessEntityMetadata
+    pid: int
+    properties: _containers.RepeatedCompositeFieldContainer[_Common_pb2.KeyStringValuePair]
+    def __init__(self, entity: _Optional[_Union[EBPFProcessEntityMetadata, _Mapping]] = ..., pid: _Optional[int] = ..., properties: _Optional[_Iterable[_Union[_Common_pb2.KeyStringValuePair, _Mapping]]] = ...) -> None: ...
 
 class EBPFReportProcessDownstream(_message.Message):
     __slots__ = ("processes",)

@@ -3,11 +3,13 @@
 import grpc
 import warnings
 
-from offcpu_exporter.sinks.skywalking.proto.common import Command_pb2 as common_dot_Command__pb2
+from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2 as common_dot_Common__pb2
 from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Process_pb2 as ebpf_dot_profiling_dot_Process__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.63.2'
 GRPC_VERSION = grpc.__version__
+EXPECTED_ERROR_RELEASE = '1.65.0'
+SCHEDULED_RELEASE_DATE = 'June 25, 2024'
 _version_not_supported = False
 
 try:
@@ -17,17 +19,21 @@ except ImportError:
     _version_not_supported = True
 
 if _version_not_supported:
-    raise RuntimeError(
+    warnings.warn(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in ebpf/profiling/Process_pb2_grpc.py depends on'
+        + f' but the generated code in ebpf/profiling/Process_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
+        + f' This warning will become an error in {EXPECTED_ERROR_RELEASE},'
+        + f' scheduled for release on {SCHEDULED_RELEASE_DATE}.',
+        RuntimeWarning
     )
 
 
-class EBPFProcessServiceStub:
-    """Missing associated documentation comment in .proto file."""
+class EBPFProcessServiceStub(object):
+    """Define the detected processes and report them.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -43,21 +49,24 @@ class EBPFProcessServiceStub:
         self.keepAlive = channel.unary_unary(
                 '/skywalking.v3.EBPFProcessService/keepAlive',
                 request_serializer=ebpf_dot_profiling_dot_Process__pb2.EBPFProcessPingPkgList.SerializeToString,
-                response_deserializer=common_dot_Command__pb2.Commands.FromString,
+                response_deserializer=common_dot_Common__pb2.Commands.FromString,
                 _registered_method=True)
 
 
-class EBPFProcessServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+class EBPFProcessServiceServicer(object):
+    """Define the detected processes and report them.
+    """
 
     def reportProcesses(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Report discovered process in Rover
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def keepAlive(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Keep the process alive in the backend.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -73,18 +82,18 @@ def add_EBPFProcessServiceServicer_to_server(servicer, server):
             'keepAlive': grpc.unary_unary_rpc_method_handler(
                     servicer.keepAlive,
                     request_deserializer=ebpf_dot_profiling_dot_Process__pb2.EBPFProcessPingPkgList.FromString,
-                    response_serializer=common_dot_Command__pb2.Commands.SerializeToString,
+                    response_serializer=common_dot_Common__pb2.Commands.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'skywalking.v3.EBPFProcessService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('skywalking.v3.EBPFProcessService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class EBPFProcessService:
-    """Missing associated documentation comment in .proto file."""
+class EBPFProcessService(object):
+    """Define the detected processes and report them.
+    """
 
     @staticmethod
     def reportProcesses(request,
@@ -129,7 +138,7 @@ class EBPFProcessService:
             target,
             '/skywalking.v3.EBPFProcessService/keepAlive',
             ebpf_dot_profiling_dot_Process__pb2.EBPFProcessPingPkgList.SerializeToString,
-            common_dot_Command__pb2.Commands.FromString,
+            common_dot_Common__pb2.Commands.FromString,
             options,
             channel_credentials,
             insecure,

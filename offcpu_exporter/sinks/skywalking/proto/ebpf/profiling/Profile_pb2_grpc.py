@@ -3,11 +3,13 @@
 import grpc
 import warnings
 
-from offcpu_exporter.sinks.skywalking.proto.common import Command_pb2 as common_dot_Command__pb2
+from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2 as common_dot_Common__pb2
 from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as ebpf_dot_profiling_dot_Profile__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.63.2'
 GRPC_VERSION = grpc.__version__
+EXPECTED_ERROR_RELEASE = '1.65.0'
+SCHEDULED_RELEASE_DATE = 'June 25, 2024'
 _version_not_supported = False
 
 try:
@@ -17,17 +19,21 @@ except ImportError:
     _version_not_supported = True
 
 if _version_not_supported:
-    raise RuntimeError(
+    warnings.warn(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in ebpf/profiling/Profile_pb2_grpc.py depends on'
+        + f' but the generated code in ebpf/profiling/Profile_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
+        + f' This warning will become an error in {EXPECTED_ERROR_RELEASE},'
+        + f' scheduled for release on {SCHEDULED_RELEASE_DATE}.',
+        RuntimeWarning
     )
 
 
-class EBPFProfilingServiceStub:
-    """Missing associated documentation comment in .proto file."""
+class EBPFProfilingServiceStub(object):
+    """Define the Rover Process profiling task and upload profiling data.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -38,27 +44,28 @@ class EBPFProfilingServiceStub:
         self.queryTasks = channel.unary_unary(
                 '/skywalking.v3.EBPFProfilingService/queryTasks',
                 request_serializer=ebpf_dot_profiling_dot_Profile__pb2.EBPFProfilingTaskQuery.SerializeToString,
-                response_deserializer=common_dot_Command__pb2.Commands.FromString,
+                response_deserializer=common_dot_Common__pb2.Commands.FromString,
                 _registered_method=True)
         self.collectProfilingData = channel.stream_unary(
                 '/skywalking.v3.EBPFProfilingService/collectProfilingData',
                 request_serializer=ebpf_dot_profiling_dot_Profile__pb2.EBPFProfilingData.SerializeToString,
-                response_deserializer=common_dot_Command__pb2.Commands.FromString,
+                response_deserializer=common_dot_Common__pb2.Commands.FromString,
                 _registered_method=True)
 
 
-class EBPFProfilingServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+class EBPFProfilingServiceServicer(object):
+    """Define the Rover Process profiling task and upload profiling data.
+    """
 
     def queryTasks(self, request, context):
-        """Profiling tasks created for this agent's processes since latestUpdateTime.
+        """Query profiling (start or stop) tasks
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def collectProfilingData(self, request_iterator, context):
-        """One client stream per flush; the first message carries the task metadata.
+        """collect profiling data
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,23 +77,23 @@ def add_EBPFProfilingServiceServicer_to_server(servicer, server):
             'queryTasks': grpc.unary_unary_rpc_method_handler(
                     servicer.queryTasks,
                     request_deserializer=ebpf_dot_profiling_dot_Profile__pb2.EBPFProfilingTaskQuery.FromString,
-                    response_serializer=common_dot_Command__pb2.Commands.SerializeToString,
+                    response_serializer=common_dot_Common__pb2.Commands.SerializeToString,
             ),
             'collectProfilingData': grpc.stream_unary_rpc_method_handler(
                     servicer.collectProfilingData,
                     request_deserializer=ebpf_dot_profiling_dot_Profile__pb2.EBPFProfilingData.FromString,
-                    response_serializer=common_dot_Command__pb2.Commands.SerializeToString,
+                    response_serializer=common_dot_Common__pb2.Commands.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'skywalking.v3.EBPFProfilingService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('skywalking.v3.EBPFProfilingService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class EBPFProfilingService:
-    """Missing associated documentation comment in .proto file."""
+class EBPFProfilingService(object):
+    """Define the Rover Process profiling task and upload profiling data.
+    """
 
     @staticmethod
     def queryTasks(request,
@@ -104,7 +111,7 @@ class EBPFProfilingService:
             target,
             '/skywalking.v3.EBPFProfilingService/queryTasks',
             ebpf_dot_profiling_dot_Profile__pb2.EBPFProfilingTaskQuery.SerializeToString,
-            common_dot_Command__pb2.Commands.FromString,
+            common_dot_Common__pb2.Commands.FromString,
             options,
             channel_credentials,
             insecure,
@@ -131,7 +138,7 @@ class EBPFProfilingService:
             target,
             '/skywalking.v3.EBPFProfilingService/collectProfilingData',
             ebpf_dot_profiling_dot_Profile__pb2.EBPFProfilingData.SerializeToString,
-            common_dot_Command__pb2.Commands.FromString,
+            common_dot_Common__pb2.Commands.FromString,
             options,
             channel_credentials,
             insecure,
