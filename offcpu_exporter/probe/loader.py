@@ -204,13 +204,14 @@ class Probe:
         log.debug("compiler memory released: %d MB of code advised out", released >> 20)
         self._lib = bcc.libbcc.lib
         self.mode = mode
-        self.attached_wall_ns, self.attached_ktime_ns = time.time_ns(), ktime_ns()
         if mode == "kprobe":
             self._attach_kprobes()
         elif variant == "raw_tracepoint":
             self.hooked = ("raw_tp:sched_switch",)
         else:
             self.hooked = ("sched:sched_switch",)
+        # Counting begins now (tracepoint programs are attached when bcc loads them, kprobes just above).
+        self.attached_wall_ns, self.attached_ktime_ns = time.time_ns(), ktime_ns()
         if self.config.run_time_stats:
             self.enable_run_time_stats()
         log.info("probe attached: mode=%s (%s), hooked=%s", self.mode, self.why, ",".join(self.hooked))
