@@ -4,7 +4,9 @@ the time each took and how long the thread then stayed off CPU.
 
 The hook follows OFFCPU_ATTACH like the probe tests (the kernel matrix sets it): ``kprobe`` on
 finish_task_switch, ``tracepoint`` (raw sched_switch where BTF allows, else the perf-event one),
-or ``auto`` (tracepoint: this machine has no kprobes).
+or ``auto`` (tracepoint: this machine has no kprobes). For the paths a kernel without BTF takes,
+OFFCPU_UNWIND_HOOK=tracepoint forces the perf-event tracepoint and OFFCPU_UNWIND_REGS=headers reads
+the user registers through task_struct.stack at the headers' offset (matching headers needed).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from offcpu_exporter.probe.btf import struct_member_offsets
 from offcpu_exporter.probe.kernel import finish_task_switch_symbols
-from offcpu_exporter.unwind import TableCache, UnwindConfig, UnwindMaps, Unwinder, bpf_text, layout
+from offcpu_exporter.unwind import TableCache, UnwindConfig, Unwinder, UnwindMaps, bpf_text, layout
 
 SOURCE = Path(__file__).resolve().parent / "harness.bpf.c"
 MAX_FRAMES = 127
@@ -54,6 +56,9 @@ class Capture:
 
 def hook(attach: str | None = None) -> str:
     """raw_tracepoint, tracepoint or kprobe, from OFFCPU_ATTACH and the running kernel."""
+    forced = os.environ.get("OFFCPU_UNWIND_HOOK")
+    if forced:
+        return forced
     attach = attach or os.environ.get("OFFCPU_ATTACH", "auto")
     if attach == "kprobe":
         return "kprobe"
@@ -70,7 +75,9 @@ class Harness:
         from bcc import BPF
 
         self.hook = hook(attach)
-        self.config = config or UnwindConfig(max_rows=1 << 20, max_pages=1 << 16, max_processes=64)
+        regs = os.environ.get("OFFCPU_UNWIND_REGS")
+        self.config = config or UnwindConfig(max_rows=1 << 20, max_pages=1 << 16, max_processes=64,
+                                             regs_btf=None if regs is None else regs == "btf")
         cflags = [*self.config.cflags(), f"-DHARNESS_{self.hook.upper()}", "-Wno-macro-redefined",
                   "-Wno-unknown-warning-option"]
         if self.hook == "raw_tracepoint":
