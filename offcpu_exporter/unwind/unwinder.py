@@ -121,7 +121,7 @@ class Unwinder:
         keys: set[FileKey] = set()
         for m in mappings:
             if not m.is_file:
-                why = "vDSO" if m.path == "[vdso]" else "JIT or anonymous code"
+                why = "not a file: no table read" if m.path else "JIT or anonymous code (perf map names it)"
                 described.append(MappingUnwind(m.path or "[anonymous]", m.start, m.end, FRAME_POINTER, why))
                 continue
             mapped = open_mapped_file(self._proc_root, pid, m)

@@ -3,11 +3,14 @@ kernel."""
 
 from __future__ import annotations
 
+import io
+import re
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
+from offcpu_exporter.doctor import describe_stacks
 from offcpu_exporter.unwind import TableCache, Unwinder, layout
 from offcpu_exporter.unwind.allocator import RangeAllocator
 from offcpu_exporter.unwind.objects import object_info, object_table
@@ -76,6 +79,8 @@ def test_describes_what_each_mapping_relies_on() -> None:
     try:
         assert p.stdout is not None and p.stdout.readline() == b"ready\n"
         described = Unwinder(None).update(p.pid) or []
+        report = io.StringIO()
+        assert describe_stacks(p.pid, report)
     finally:
         p.kill()
         p.wait()
@@ -83,3 +88,4 @@ def test_describes_what_each_mapping_relies_on() -> None:
     assert by_path["libc.so.6"].method == CFI and "eh_frame" in by_path["libc.so.6"].why
     assert any(name.startswith("python3") and d.method == CFI for name, d in by_path.items())
     assert by_path["[vdso]"].method == FRAME_POINTER
+    assert re.search(r" cfi +/\S+/libc\.so\.6 +\(eh_frame, [\d,]+ rows\)", report.getvalue()), report.getvalue()
