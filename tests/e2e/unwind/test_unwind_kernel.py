@@ -209,8 +209,9 @@ def test_jit_frames_between_cfi_frames(harness: Harness, started: list, tmp_path
         assert stacks, Counter(c.end for c in captures)
         frames, _ = stacks.most_common(1)[0]
         text = "\n".join(frames)
-        assert any(f.startswith("JS:") and "waitInJs" in f for f in frames), text
-        assert any(f.startswith("JS:") and "outerLoop" in f for f in frames), text
+        # TurboFan may inline waitInJs into outerLoop (seen under emulation): either names our JS.
+        assert any(f.startswith("JS:") and ("waitInJs" in f or "outerLoop" in f) for f in frames), text
+        assert any(f.startswith("Builtins_JSEntry") for f in frames), text  # JIT code, then C++ again
         assert frames[-1] in ROOTS, text
         assert not any(f.startswith("[unknown]") for f in frames), text
     finally:
