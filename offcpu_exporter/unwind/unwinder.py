@@ -84,7 +84,7 @@ class Unwinder:
         self._objects: dict[FileKey, _Object] = {}
         self._processes: dict[int, _Process] = {}
         self._lock = threading.Lock()
-        self.no_space = 0  # objects whose table did not fit in the maps (walked with frame pointers)
+        self.no_space = 0  # tables or processes that did not fit in the maps (walked with frame pointers)
         self.truncated = 0  # processes with more than UNWIND_MAX_MAPPINGS objects with tables
 
     def update(self, pid: int) -> list[MappingUnwind] | None:
@@ -147,7 +147,11 @@ class Unwinder:
             process.count = len(entries)
             for i, entry in enumerate(sorted(entries, key=lambda e: e.start)):
                 process.mappings[i] = entry
-            self._maps.set_process(pid, process)
+            try:
+                self._maps.set_process(pid, process)
+            except Exception as exc:  # bcc raises a bare Exception: the map is full (E2BIG)
+                self.no_space += 1
+                log.warning("process %d: unwind tables not written (%s): frame pointers for it", pid, exc)
         if known is not None:
             self._release(pid, known.keys - keys)
         self._processes[pid] = _Process(mappings, keys, described)
