@@ -185,6 +185,9 @@ def test_frame_pointers_carry_code_without_tables(harness: Harness, started: lis
     assert same / len(captures) >= 0.95, [(c.frames, c.fp_frames) for c in captures if c.frames != c.fp_frames][:3]
 
 
+# The first table of /usr/bin/node (372,000 rows) takes pyelftools 15-25 s here, 25 times that
+# under the kernel matrix's emulation.
+@pytest.mark.timeout(1200)
 def test_jit_frames_between_cfi_frames(harness: Harness, started: list, tmp_path: Path) -> None:
     """node --perf-basic-prof blocked in Atomics.wait: libc and node's C++ (tables) below, JS
     functions (JIT code with frame pointers, named by the perf map) in the middle, node's C++ and
