@@ -27,6 +27,7 @@ import flush_cost
 import sched_overhead
 import stack_cost
 import steady_state
+import unwind_cost
 from measure import ROOT, Result, Row, Stopwatch, shared, write_outputs
 
 HERE = Path(__file__).resolve().parent
@@ -103,12 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(HERE / "results.json"))
     parser.add_argument("--table", default=str(HERE / "RESULTS.md"))
     parser.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (about 3 minutes)")
-    parser.add_argument("--only", help="comma-separated: sched,stacks,flush,steady,symbols,scrape")
+    parser.add_argument("--only", help="comma-separated: sched,stacks,unwind,flush,steady,symbols,scrape")
     parser.add_argument("--peers-tree", type=Path, default=ROOT, metavar="DIR",
                         help="where symbols_bench.py or scrape_load.py are not in this checkout, take them (and "
                              "the code they test) from this one, e.g. a `git worktree` of their branch")
     options = parser.parse_args(argv)
-    only = set(options.only.split(",")) if options.only else {"sched", "stacks", "flush", "steady", "symbols", "scrape"}
+    only = set(options.only.split(",")) if options.only else {"sched", "stacks", "unwind", "flush", "steady", "symbols",
+                                                                      "scrape"}
     q = options.quick
     results: list[Result] = []
     started = time.monotonic()
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  depth=16, cpu=sched_overhead.default_cpu(),
                                                  program_runs=1 if q else 2)),
         ("stacks", lambda: stack_cost.measure(runs=1 if q else 2, round_trips=50_000)),
+        ("unwind", lambda: unwind_cost.measure(seconds=2.0 if q else 3.0)),
         ("flush", lambda: flush_cost.measure([100, 1000, 10000], flushes=3 if q else 5, interval=2.0, profile=False,
                                              rate=10_000)),
         ("steady", lambda: steady_state.measure(duration=20 if q else 60, warmup=12, rate=50_000, stacks=1000)),

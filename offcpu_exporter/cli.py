@@ -173,6 +173,9 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
     doctor.add_argument("--attach", choices=("auto", "kprobe", "tracepoint"),
                         default=os.environ.get("OFFCPU_ATTACH", "auto"))
     doctor.add_argument("--load", action="store_true", help="also compile and attach the probe, then detach")
+    doctor.add_argument("--pid", type=positive_int, action="append", default=[], metavar="PID",
+                        help="also say what the user stacks of this process rely on, per executable mapping: "
+                        "DWARF CFI tables or frame pointers, and why (repeatable)")
 
     for module in sink_modules:
         extra = getattr(module, "add_subcommands", None)
@@ -433,7 +436,7 @@ def _record(options: argparse.Namespace, output: BinaryIO) -> int:
 def cmd_doctor(options: argparse.Namespace) -> int:
     from offcpu_exporter.doctor import run_doctor
 
-    return run_doctor(attach=options.attach, load=options.load)
+    return run_doctor(attach=options.attach, load=options.load, pids=options.pid)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,6 +4,7 @@ to do about each missing piece."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import TextIO
 
 from offcpu_exporter.privileges import kept_after_attach
@@ -17,7 +18,21 @@ def _line(out: TextIO, ok: bool | None, what: str, detail: str = "") -> None:
     out.write(f"[{mark}] {what}{': ' + detail if detail else ''}\n")
 
 
-def run_doctor(attach: str = "auto", load: bool = False, out: TextIO = sys.stdout) -> int:
+def describe_stacks(pid: int, out: TextIO) -> bool:
+    """What each executable mapping of `pid` relies on for its user stacks; False if it is gone."""
+    from offcpu_exporter.unwind import Unwinder
+
+    described = Unwinder(None).update(pid)
+    if described is None:
+        _line(out, False, f"process {pid}", "not found")
+        return False
+    out.write(f"process {pid}: user stacks, per executable mapping (DWARF unwinder, docs/unwinding.md)\n")
+    for m in described:
+        out.write(f"  {m.start:#014x}-{m.end:#014x} {m.method:<13} {m.path}  ({m.why})\n")
+    return True
+
+
+def run_doctor(attach: str = "auto", load: bool = False, out: TextIO = sys.stdout, pids: Sequence[int] = ()) -> int:
     facts = k.probe_kernel()
     caps = facts.capabilities
     out.write(f"kernel {facts.release}\n")
@@ -76,5 +91,7 @@ def run_doctor(attach: str = "auto", load: bool = False, out: TextIO = sys.stdou
             can_run = False
         finally:
             probe.close()
+    for pid in pids:
+        describe_stacks(pid, out)
     out.write("verdict: " + ("the exporter can run here\n" if can_run else "the exporter cannot run here yet\n"))
     return 0 if can_run else 1

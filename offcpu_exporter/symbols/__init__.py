@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from offcpu_exporter.procstat import start_ticks
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.snapshot import Frame, FrameKind
-from offcpu_exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS, debug_file_candidates, file_crc32
+from offcpu_exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS, debug_file_candidates, read_debug_file
 from offcpu_exporter.symbols.demangle import demangle
 from offcpu_exporter.symbols.elf import ElfFormatError, ElfInfo, SymbolTable, read_elf, read_minidebuginfo
 from offcpu_exporter.symbols.kernel import KernelSymbols
+from offcpu_exporter.symbols.mapped import FileKey, MappedFile, open_mapped_file
 from offcpu_exporter.symbols.maps import Mapping, ProcessMaps, parse_maps
 from offcpu_exporter.symbols.perfmap import PerfMap
 from offcpu_exporter.symbols.rootfs import resolve_in_root
@@ -52,7 +53,6 @@ _NAME_CACHE_LIMIT = 1 << 16  # names kept per file
 _VDSO_MAX = 1 << 20
 _ERROR_LOG_INTERVAL = 60.0
 
-FileKey = tuple[object, ...]
 
 
 @dataclass(slots=True)
@@ -84,17 +84,11 @@ _UNUSABLE = "unusable"  # file-cache value for a file that is not a usable ELF i
 
 
 @dataclass(slots=True)
-class _MappedFile:
-    key: FileKey
-    open_path: str  # a path that opens this very file (map_files entry or resolved root path)
-
-
-@dataclass(slots=True)
 class _Process:
     pid: int
     maps: ProcessMaps = field(default_factory=lambda: ProcessMaps([]))
     maps_read_at: float = -1e9
-    files: dict[tuple[int, int], _MappedFile | None] = field(default_factory=dict)
+    files: dict[tuple[int, int], MappedFile | None] = field(default_factory=dict)
     keys: set[FileKey] = field(default_factory=set)
     frames: dict[int, Frame] = field(default_factory=dict)
     perf_map: PerfMap | None = None
@@ -338,7 +332,7 @@ class Symbolizer:
         if slot in proc.files:
             mapped = proc.files[slot]
         else:
-            mapped = self._open_mapping(proc, mapping)
+            mapped = open_mapped_file(self._proc_root, proc.pid, mapping)
             proc.files[slot] = mapped
         if mapped is None:
             return None
@@ -346,24 +340,6 @@ class Symbolizer:
         if sym is None and mapped.key not in self._files:
             sym = self._load_path(mapped, mapping.path, proc)
         return sym
-
-    def _open_mapping(self, proc: _Process, mapping: Mapping) -> _MappedFile | None:
-        base = f"{self._proc_root}/{proc.pid}"
-        # map_files opens exactly the mapped file, even deleted or replaced (needs CAP_SYS_ADMIN).
-        candidates = [f"{base}/map_files/{mapping.map_files_name}"]
-        in_root = resolve_in_root(f"{base}/root", mapping.path)
-        if in_root is not None:
-            candidates.append(in_root)
-        for path in candidates:
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            if st.st_ino != mapping.inode:
-                continue  # replaced on disk since it was mapped: not the code that runs
-            return _MappedFile((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), path)
-        log.debug("cannot open %s mapped by %d", mapping.path, proc.pid)
-        return None
 
     def _cached(self, key: FileKey, proc: _Process) -> _SymbolFile | None:
         entry = self._files.get(key)
@@ -385,7 +361,7 @@ class Symbolizer:
         while len(self._files) > self._max_files:
             self._files.popitem(last=False)  # reloaded from its path if a process still needs it
 
-    def _load_path(self, mapped: _MappedFile, binary_path: str, proc: _Process) -> _SymbolFile | None:
+    def _load_path(self, mapped: MappedFile, binary_path: str, proc: _Process) -> _SymbolFile | None:
         try:
             with open(mapped.open_path, "rb") as f:
                 st = os.fstat(f.fileno())
@@ -407,7 +383,7 @@ class Symbolizer:
             for path, how, crc in debug_file_candidates(
                 info.build_id, info.debuglink, binary_path, root, self._debug_dirs
             ):
-                debug = _read_debug_file(path, info.build_id, crc)
+                debug = read_debug_file(path, info.build_id, crc)
                 if debug is not None and debug.symtab is not None and debug.symtab.entries:
                     symtab, debug_file = debug.symtab, path
                     log.debug("symbols of %s from %s (%s)", binary_path, path, how)
@@ -446,7 +422,7 @@ class Symbolizer:
             proc.files[slot] = None
             return None
         key: FileKey = (VDSO, hashlib.blake2b(image, digest_size=16).hexdigest())
-        proc.files[slot] = _MappedFile(key, "")
+        proc.files[slot] = MappedFile(key, "")
         sym = self._cached(key, proc)
         if sym is None and key not in self._files:
             try:
@@ -505,22 +481,6 @@ def _placeholder(module: str, offset: int, build_id: str = "") -> Frame:
         return UNKNOWN
     base = module.rsplit("/", 1)[-1]
     return Frame(f"[unknown] {base}+0x{offset:x}", FrameKind.PLACEHOLDER, module, offset, build_id)
-
-
-def _read_debug_file(path: str, build_id: str, crc: int | None) -> ElfInfo | None:
-    try:
-        with open(path, "rb") as f:
-            debug = read_elf(f, os.fstat(f.fileno()).st_size)
-    except (OSError, ElfFormatError) as exc:
-        log.debug("debug file %s unusable: %s", path, exc)
-        return None
-    if build_id and debug.build_id and debug.build_id != build_id:
-        log.debug("debug file %s is for another build (%s)", path, debug.build_id)
-        return None
-    if crc is not None and file_crc32(path) != crc:
-        log.debug("debug file %s fails its debuglink CRC", path)
-        return None
-    return debug
 
 
 def _namespace_pid(proc_root: str, pid: int) -> int:

@@ -5,13 +5,17 @@ inside the process's root first (a container ships its own debug files), then on
 
 from __future__ import annotations
 
+import logging
 import os
 import zlib
 from collections.abc import Iterator, Sequence
 
+from offcpu_exporter.symbols.elf import ElfFormatError, ElfInfo, read_elf
 from offcpu_exporter.symbols.rootfs import resolve_in_root
 
-__all__ = ["debug_file_candidates", "file_crc32"]
+__all__ = ["debug_file_candidates", "file_crc32", "read_debug_file"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DEBUG_DIRS = ("/usr/lib/debug",)
 
@@ -69,3 +73,21 @@ def file_crc32(path: str, limit: int = 4 << 30) -> int | None:
     except OSError:
         return None
     return crc
+
+
+def read_debug_file(path: str, build_id: str, crc: int | None) -> ElfInfo | None:
+    """The debug file at ``path`` if it belongs to the binary (same build id, or the debuglink
+    CRC32 when one is expected); None otherwise or when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            debug = read_elf(f, os.fstat(f.fileno()).st_size)
+    except (OSError, ElfFormatError) as exc:
+        log.debug("debug file %s unusable: %s", path, exc)
+        return None
+    if build_id and debug.build_id and debug.build_id != build_id:
+        log.debug("debug file %s is for another build (%s)", path, debug.build_id)
+        return None
+    if crc is not None and file_crc32(path) != crc:
+        log.debug("debug file %s fails its debuglink CRC", path)
+        return None
+    return debug

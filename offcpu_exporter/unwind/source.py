@@ -1,0 +1,56 @@
+"""Compiling offcpu_exporter/bpf/unwind.h into a bcc program: its text and its -D defines."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from offcpu_exporter.unwind import layout
+
+__all__ = ["UnwindConfig", "bpf_text"]
+
+BPF_DIR = Path(__file__).resolve().parents[1] / "bpf"
+_INCLUDE = re.compile(r'^#include "unwind\.h"[ \t]*$', re.MULTILINE)
+
+
+def bpf_text(source: str) -> str:
+    """``source`` with its ``#include "unwind.h"`` replaced by the header itself. bcc turns
+    ``map.lookup()`` calls into map references only in the text it is given, not in the headers it
+    includes: from an included header they stay indirect calls the verifier rejects ("unknown
+    opcode 8d")."""
+    header = (BPF_DIR / layout.WALK_HEADER).read_text()
+    text, n = _INCLUDE.subn(lambda _: header, source, count=1)
+    if n != 1:
+        raise ValueError('the BPF source does not #include "unwind.h" on a line of its own')
+    return text
+
+
+def _btf_task_regs(release: str, btf_path: str = "/sys/kernel/btf/vmlinux") -> bool:
+    """bpf_task_pt_regs() and a BTF task pointer: kernel 5.15 and BTF."""
+    try:
+        major, minor = (int(x) for x in release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 15) and os.path.exists(btf_path)
+
+
+@dataclass(frozen=True)
+class UnwindConfig:
+    max_frames: int = 127  # the probe's user-stack depth
+    max_rows: int = 1 << 20  # 12 MiB: libc 28k rows, python3.11 65k, libLLVM-14 950k
+    max_pages: int = 1 << 16  # 512 KiB: one entry per 4 KiB of code with tables
+    max_processes: int = 4096  # processes with tables (8 KiB each, allocated on use)
+    regs_btf: bool | None = None  # None: from the running kernel
+
+    def cflags(self) -> list[str]:
+        regs_btf = self.regs_btf if self.regs_btf is not None else _btf_task_regs(os.uname().release)
+        return [
+            f"-I{BPF_DIR}",
+            f"-DUNWIND_MAX_FRAMES={self.max_frames}",
+            f"-DUNWIND_MAX_ROWS={self.max_rows}",
+            f"-DUNWIND_MAX_PAGES={self.max_pages}",
+            f"-DUNWIND_MAX_PROCESSES={self.max_processes}",
+            f"-DUNWIND_REGS_BTF={int(regs_btf)}",
+        ]

@@ -1,0 +1,235 @@
+"""Per process: its executable mappings -> (table, load bias), written into the unwind maps.
+
+``Unwinder.update(pid)`` reads ``/proc/PID/maps``, builds (or takes from the cache) the table of
+every mapped ELF object, places each table once in the shared row and page arrays (objects mapped
+by many processes share one copy), and writes the process's sorted mapping list. Call it when a
+process starts being watched and again whenever its mappings may have changed (dlopen, exec): it
+costs one read of the maps when nothing changed. ``forget(pid)`` when it exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from offcpu_exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS
+from offcpu_exporter.symbols.elf import ElfInfo
+from offcpu_exporter.symbols.mapped import FileKey, open_mapped_file
+from offcpu_exporter.symbols.maps import Mapping, parse_maps
+from offcpu_exporter.unwind import layout
+from offcpu_exporter.unwind.allocator import RangeAllocator
+from offcpu_exporter.unwind.cache import TableCache
+from offcpu_exporter.unwind.kernel import UnwindMaps
+from offcpu_exporter.unwind.objects import ObjectError, object_info, object_table
+from offcpu_exporter.unwind.table import UnwindTable
+
+__all__ = ["MappingUnwind", "Unwinder"]
+
+log = logging.getLogger(__name__)
+
+# What a mapping's frames rely on (MappingUnwind.method).
+CFI = "cfi"
+FRAME_POINTER = "frame pointer"
+
+
+@dataclass(frozen=True)
+class MappingUnwind:
+    """How the frames of one executable mapping are walked, and why."""
+
+    path: str
+    start: int
+    end: int
+    method: str  # CFI | FRAME_POINTER
+    why: str  # e.g. "eh_frame, 28,275 rows", "no CFI", "JIT or anonymous code"
+
+
+@dataclass
+class _Object:
+    info: ElfInfo | None
+    table: UnwindTable | None
+    why: str  # when there is no table: the reason
+    row_first: int = -1  # placement in the maps, -1 while not placed
+    page_first: int = -1
+    users: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Process:
+    mappings: list[Mapping]
+    keys: set[FileKey]
+    described: list[MappingUnwind]
+
+
+class Unwinder:
+    """See the module docstring. Thread-safe; ``update`` may take seconds the first time an object
+    is seen (its CFI is parsed), so call it off the flush path."""
+
+    def __init__(
+        self,
+        maps: UnwindMaps | None,
+        *,
+        proc_root: str = "/proc",
+        debug_dirs: Sequence[str] = DEFAULT_DEBUG_DIRS,
+        cache: TableCache | None = None,
+    ) -> None:
+        self._maps = maps
+        self._proc_root = proc_root.rstrip("/") or "/"
+        self._debug_dirs = tuple(debug_dirs)
+        self._cache = cache or TableCache(None)
+        self._rows = RangeAllocator(maps.max_rows if maps else 0)
+        self._pages = RangeAllocator(maps.max_pages if maps else 0)
+        self._objects: dict[FileKey, _Object] = {}
+        self._processes: dict[int, _Process] = {}
+        self._lock = threading.Lock()
+        self.no_space = 0  # tables or processes that did not fit in the maps (walked with frame pointers)
+        self.truncated = 0  # processes with more than UNWIND_MAX_MAPPINGS objects with tables
+
+    def update(self, pid: int) -> list[MappingUnwind] | None:
+        """Bring the tables of ``pid`` up to date; returns what each executable mapping relies on,
+        or None when the process is gone."""
+        try:
+            with open(f"{self._proc_root}/{pid}/maps", encoding="utf-8", errors="surrogateescape") as f:
+                mappings = parse_maps(f.read())
+        except OSError:
+            return None
+        with self._lock:
+            known = self._processes.get(pid)
+            if known is not None and known.mappings == mappings:
+                return known.described
+            return self._update(pid, mappings, known)
+
+    def forget(self, pid: int) -> None:
+        with self._lock:
+            known = self._processes.pop(pid, None)
+            if known is None:
+                return
+            if self._maps is not None:
+                self._maps.delete_process(pid)
+            self._release(pid, known.keys)
+
+    def describe(self, pid: int) -> list[MappingUnwind]:
+        with self._lock:
+            known = self._processes.get(pid)
+            return list(known.described) if known else []
+
+    def _update(self, pid: int, mappings: list[Mapping], known: _Process | None) -> list[MappingUnwind]:
+        entries: list[layout.UnwindMapping] = []
+        described: list[MappingUnwind] = []
+        keys: set[FileKey] = set()
+        for m in mappings:
+            if not m.is_file:
+                why = "not a file: no table read" if m.path else "JIT or anonymous code (perf map names it)"
+                described.append(MappingUnwind(m.path or "[anonymous]", m.start, m.end, FRAME_POINTER, why))
+                continue
+            mapped = open_mapped_file(self._proc_root, pid, m)
+            if mapped is None:
+                described.append(MappingUnwind(m.path, m.start, m.end, FRAME_POINTER, "file not readable"))
+                continue
+            obj = self._object(mapped.key, mapped.open_path, m.path, pid)
+            keys.add(mapped.key)
+            obj.users.add(pid)
+            entry, why = self._entry(obj, m)
+            if entry is None:
+                described.append(MappingUnwind(m.path, m.start, m.end, FRAME_POINTER, why))
+                continue
+            entries.append(entry)
+            described.append(MappingUnwind(m.path, m.start, m.end, CFI, why))
+        if len(entries) > layout.MAX_MAPPINGS:
+            self.truncated += 1
+            log.warning("process %d maps %d objects with unwind tables; the walk takes the first %d",
+                        pid, len(entries), layout.MAX_MAPPINGS)
+            entries = entries[: layout.MAX_MAPPINGS]
+        if self._maps is not None:
+            process = layout.UnwindProcess()
+            process.count = len(entries)
+            for i, entry in enumerate(sorted(entries, key=lambda e: e.start)):
+                process.mappings[i] = entry
+            try:
+                self._maps.set_process(pid, process)
+            except Exception as exc:  # bcc raises a bare Exception: the map is full (E2BIG)
+                self.no_space += 1
+                log.warning("process %d: unwind tables not written (%s): frame pointers for it", pid, exc)
+        if known is not None:
+            self._release(pid, known.keys - keys)
+        self._processes[pid] = _Process(mappings, keys, described)
+        return described
+
+    def _object(self, key: FileKey, open_path: str, binary_path: str, pid: int) -> _Object:
+        obj = self._objects.get(key)
+        if obj is not None:
+            return obj
+        try:
+            info = object_info(open_path)
+        except ObjectError as exc:
+            obj = _Object(None, None, f"not ELF: {exc}")
+        else:
+            table = self._cache.get(info.build_id) if info.build_id else None
+            why = ""
+            if table is None:
+                try:
+                    table = object_table(open_path, info, binary_path, f"{self._proc_root}/{pid}/root",
+                                         self._debug_dirs)
+                except ObjectError as exc:
+                    why = f"no CFI ({exc})"
+                else:
+                    if info.build_id:
+                        self._cache.put(info.build_id, table)
+            info.symtab = info.dynsym = None  # only the load segments are needed from here on
+            info.gnu_debugdata = b""
+            obj = _Object(info, table, why)
+        self._objects[key] = obj
+        return obj
+
+    def _entry(self, obj: _Object, m: Mapping) -> tuple[layout.UnwindMapping | None, str]:
+        table = obj.table
+        if table is None or obj.info is None:
+            return None, obj.why
+        vaddr = obj.info.file_offset_to_vaddr(m.offset)
+        if vaddr is None:
+            return None, "mapping outside the object's load segments"
+        if obj.row_first < 0 and not self._place(obj, table):
+            return None, "no room left in the unwind maps"
+        rows = f"{table.stats.get('source', '')}, {table.row_count:,} rows"
+        bias = m.start - vaddr + table.base
+        return layout.UnwindMapping(m.start, m.end, bias, obj.page_first, table.page_count), rows
+
+    def _place(self, obj: _Object, table: UnwindTable) -> bool:
+        if self._maps is None:
+            obj.row_first = obj.page_first = 0  # describing only
+            return True
+        row_first = self._rows.allocate(table.row_count)
+        if row_first is None:
+            self.no_space += 1
+            return False
+        page_first = self._pages.allocate(table.page_count)
+        if page_first is None:
+            self._rows.release(row_first, table.row_count)
+            self.no_space += 1
+            return False
+        pages = array("I", table.pages)
+        for i in range(0, len(pages), 2):
+            pages[i] += row_first  # the index's rows are relative to the table's first row
+        self._maps.write_rows(row_first, table.rows)
+        self._maps.write_pages(page_first, pages.tobytes())
+        obj.row_first, obj.page_first = row_first, page_first
+        return True
+
+    def _release(self, pid: int, keys: set[FileKey]) -> None:
+        for key in keys:
+            obj = self._objects.get(key)
+            if obj is None:
+                continue
+            obj.users.discard(pid)
+            if obj.users:
+                continue
+            del self._objects[key]
+            if obj.table is not None and obj.row_first >= 0 and self._maps is not None:
+                self._rows.release(obj.row_first, obj.table.row_count)
+                self._pages.release(obj.page_first, obj.table.page_count)
+
+    @property
+    def rows_used(self) -> int:
+        return self._rows.used

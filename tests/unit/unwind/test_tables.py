@@ -1,0 +1,91 @@
+"""Page index, range allocation, the build-id cache and the per-process description, without the
+kernel."""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+from offcpu_exporter.doctor import describe_stacks
+from offcpu_exporter.unwind import TableCache, Unwinder, layout
+from offcpu_exporter.unwind.allocator import RangeAllocator
+from offcpu_exporter.unwind.objects import object_info, object_table
+from offcpu_exporter.unwind.table import UnwindTable, build_table
+from offcpu_exporter.unwind.unwinder import CFI, FRAME_POINTER
+
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+
+
+def libc_table() -> UnwindTable:
+    return object_table(LIBC, object_info(LIBC), LIBC, "/", [])
+
+
+def test_every_page_starts_with_the_row_in_effect_there() -> None:
+    table = libc_table()
+    pcs = [pc for pc, *_ in struct.iter_unpack("<IihBB", table.rows)]
+    assert pcs == sorted(pcs) and len(set(pcs)) == len(pcs)
+    for page, (first, count) in enumerate(struct.iter_unpack("<II", table.pages)):
+        start = page << layout.PAGE_SHIFT
+        assert 0 < count <= 1 << layout.SEARCH_STEPS
+        assert pcs[first] <= start
+        assert first + count == len(pcs) or pcs[first + count] >= start + (1 << layout.PAGE_SHIFT)
+
+
+def test_gaps_between_fdes_fall_back_to_the_frame_pointer() -> None:
+    rsp8 = (layout.CFA_RSP, 8, layout.RBP_SAME, 0)
+    table = build_table([(0x1000, 0x1010, [(0x1000, *rsp8)]), (0x1020, 0x1030, [(0x1020, *rsp8)])])
+    assert table.row_at(0x1008)[1] == layout.CFA_RSP  # type: ignore[index]
+    assert table.row_at(0x1018)[1] == layout.CFA_NONE  # type: ignore[index]
+    assert table.row_at(0x1030)[1] == layout.CFA_NONE  # type: ignore[index]
+    # .debug_frame fills what .eh_frame leaves, never what it covers.
+    rbp16 = (layout.CFA_RBP, 16, layout.RBP_OFFSET, -16)
+    both = build_table([(0x1000, 0x1010, [(0x1000, *rsp8)])],
+                       [(0x1000, 0x1010, [(0x1000, *rbp16)]), (0x1010, 0x1020, [(0x1010, *rbp16)])])
+    assert both.row_at(0x1004)[1] == layout.CFA_RSP  # type: ignore[index]
+    assert both.row_at(0x1014)[1] == layout.CFA_RBP  # type: ignore[index]
+
+
+def test_allocator_reuses_released_ranges() -> None:
+    a = RangeAllocator(100)
+    assert (a.allocate(60), a.allocate(30), a.allocate(20)) == (0, 60, None)
+    a.release(0, 60)
+    assert a.allocate(70) is None  # 60 free at 0, 10 at 90: not contiguous
+    a.release(60, 30)
+    assert a.allocate(100) == 0 and a.used == 100
+
+
+def test_cache_by_build_id_on_disk_bounded(tmp_path: Path) -> None:
+    table = libc_table()
+    size = len(table.to_bytes())
+    cache = TableCache(str(tmp_path), memory_bytes=1, disk_bytes=int(size * 2.5))
+    for build_id in ("aa", "bb", "cc"):
+        cache.put(build_id, table)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bb.unwind", "cc.unwind"]  # oldest removed
+    fresh = TableCache(str(tmp_path))
+    again = fresh.get("cc")
+    assert again is not None and again.rows == table.rows
+    (tmp_path / "bb.unwind").write_bytes(b"garbage")
+    assert fresh.get("bb") is None and not (tmp_path / "bb.unwind").exists()
+
+
+def test_describes_what_each_mapping_relies_on() -> None:
+    """Without maps (doctor's use): the interpreter and libc by CFI, the vDSO by frame pointers."""
+    p = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        described = Unwinder(None).update(p.pid) or []
+        report = io.StringIO()
+        assert describe_stacks(p.pid, report)
+    finally:
+        p.kill()
+        p.wait()
+    by_path = {d.path.rsplit("/", 1)[-1]: d for d in described}
+    assert by_path["libc.so.6"].method == CFI and "eh_frame" in by_path["libc.so.6"].why
+    assert any(name.startswith("python3") and d.method == CFI for name, d in by_path.items())
+    assert by_path["[vdso]"].method == FRAME_POINTER
+    assert re.search(r" cfi +/\S+/libc\.so\.6 +\(eh_frame, [\d,]+ rows\)", report.getvalue()), report.getvalue()
