@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol
@@ -50,7 +50,7 @@ from offcpu_exporter.snapshot import (
 from offcpu_exporter.symbols import UNKNOWN as _UNMAPPED  # the frame of an address in no mapping
 from offcpu_exporter.targets import ProcessTable
 
-__all__ = ["AggregateConfig", "Aggregator", "Symbolizer", "apportion", "increase", "lost_frame"]
+__all__ = ["AggregateConfig", "Aggregator", "Symbolizer", "apportion", "increase", "lost_frame", "reaches_root"]
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +213,9 @@ class Aggregator:
         self._latest = Snapshot.empty(self.start_time_ns)
         self._infos: dict[ProcessKey, ProcessInfo] = {}
         self._carried: dict[_RowKey, Counter] = {}  # increases taken between flushes (process_replaced)
+        # Called with a pid whose user stack stops before its thread's root (a frame-pointer walk
+        # through code built without them): the pipeline may have its unwind tables built.
+        self.on_truncated: Callable[[int], None] | None = None
 
     # -- one flush -------------------------------------------------------------------------
 
@@ -426,7 +429,9 @@ class Aggregator:
                 return _RECLAIMED
             # Taken before naming: a re-read during it makes the next flush try again, not never.
             generation = self.symbolizer.generation(pid)
-            frames = self.symbolizer.user(pid, addresses)
+            frames = self.symbolizer.user(pid, _call_sites(addresses))
+            if self.on_truncated is not None and not reaches_root(frames):
+                self.on_truncated(pid)
             self._user_stacks[(pid, stack_id)] = frames
             if _UNMAPPED in frames:
                 self._unresolved[(pid, stack_id)] = (generation, time.monotonic() + _UNRESOLVED_WINDOW_SECONDS)
@@ -518,7 +523,7 @@ class Aggregator:
             if addresses is None or key not in self._user_stacks:
                 del self._unresolved[key]
                 continue
-            frames = self.symbolizer.user(pid, addresses)
+            frames = self.symbolizer.user(pid, _call_sites(addresses))
             if frames != self._user_stacks[key]:
                 # Counts from now on go to the better-named stack; what was counted stays where it was.
                 self._user_stacks[key] = frames
@@ -651,7 +656,20 @@ class Aggregator:
             self._sampled_ratio = min(1.0, captures / blocks)
         self._stats_read = stats
         run_ns, runs = self.probe.run_time()
+        walks: dict[str, int] = {}
+        frames: dict[str, int] = {}
+        unwinder = getattr(self.probe, "unwinder", None)
+        if unwinder is not None:
+            for name, n in unwinder.maps_stats().items():
+                if name.startswith("frames_"):
+                    frames[name.removeprefix("frames_")] = n
+                elif name != "walks_without_tables":
+                    walks[name] = n
         return Health(
+            unwind_walks=MappingProxyType(walks),
+            unwind_frames=MappingProxyType(frames),
+            unwind_processes=unwinder.processes if unwinder is not None else 0,
+            unwind_no_space=unwinder.no_space if unwinder is not None else 0,
             attach_mode=self.probe.mode,
             hooked_symbols=self.probe.hooked,
             probe_attached=self.probe.attached,
@@ -703,6 +721,25 @@ def _without_probe_frames(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
     while i < len(frames) - 1 and frames[i].name.startswith(_PROBE_FRAME_PREFIXES):
         i += 1
     return frames[i:]
+
+
+# The outermost frames of threads: a user stack that ends in one of these is complete.
+_ROOT_FUNCTIONS = frozenset({
+    "_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "clone", "clone3", "__clone",
+    "__clone3", "__clone_internal", "thread_start", "runtime.goexit", "runtime.rt0_go", "runtime.mstart",
+})
+
+
+def reaches_root(frames: Sequence[Frame]) -> bool:
+    """Whether a user stack (leaf first) goes down to its thread's first function."""
+    return bool(frames) and frames[-1].name.split(" ", 1)[0].split("@", 1)[0] in _ROOT_FUNCTIONS
+
+
+def _call_sites(addresses: Sequence[int]) -> tuple[int, ...]:
+    """The leaf's pc, then each return address minus one: the call instruction, which belongs to the
+    caller even when the call is its last instruction (a call to a function that never returns),
+    where the return address itself would be the next function's first byte. gdb names frames so."""
+    return (addresses[0], *(a - 1 for a in addresses[1:])) if addresses else ()
 
 
 def _lost_halves(user_id: int, kernel_id: int, stack: Stack) -> list[str]:

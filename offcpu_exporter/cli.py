@@ -62,6 +62,10 @@ itself have no prefix (--pid, --flush-interval). Booleans are turned off with --
 """
 
 
+DEFAULT_UNWIND_CACHE = "/var/cache/offcpu-exporter/unwind"
+UNWIND_TABLES_WAIT = 120  # seconds record waits for its targets' unwind tables
+
+
 class StartupError(Exception):
     """Bad input found while wiring: one line on stderr, exit status 2."""
 
@@ -111,6 +115,14 @@ def _add_probe(p: argparse.ArgumentParser) -> None:
                         "block less often have every block captured")
     g.add_argument("--stack-budget-cpu", type=positive_int, default=5000, metavar="N",
                    help="stack captures per second per CPU with sampling on (default 5000)")
+    g.add_argument("--unwind-tables", choices=("auto", "all", "off"), default="auto",
+                   help="user stacks through code without frame pointers (most distributions' libraries) are "
+                        "walked from DWARF CFI tables built for each process: auto (default) for the selected "
+                        "targets at once and, with --all, for processes whose stacks stop short; all: every "
+                        "watched process at once; off: frame pointers only")
+    g.add_argument("--unwind-cache-dir", default=DEFAULT_UNWIND_CACHE, metavar="DIR",
+                   help=f"where tables are kept by build id across restarts (default {DEFAULT_UNWIND_CACHE}; "
+                        "'' keeps none)")
     g.add_argument("--bpf-stats", choices=("on", "off"), default="on",
                    help="have the kernel time the probe's programs (BPF_ENABLE_STATS) for "
                         "offcpu_exporter_probe_cpu_seconds_total (default on; ~20 ns per context switch)")
@@ -267,6 +279,8 @@ def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
         stack_budget_thread=options.stack_budget,
         stack_budget_cpu=options.stack_budget_cpu,
         run_time_stats=options.bpf_stats == "on",
+        unwind=options.unwind_tables != "off",
+        unwind_cache_dir=options.unwind_cache_dir or None,
     ))
     rules = TargetRules(pids=tuple(options.pid), comm=options.comm, cmdline=options.cmdline,
                         watch_all=options.all, follow_children=options.follow_children, predicate=predicate)
@@ -280,7 +294,8 @@ def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
         exited_grace_seconds=getattr(options, "exited_grace", 60.0)))
     pipeline = Pipeline(probe, aggregator, processes, flush_interval=getattr(options, "flush_interval", 5.0),
                         targets_interval=options.targets_interval,
-                        history_seconds=getattr(options, "history", 900.0), exclude=(own,))
+                        history_seconds=getattr(options, "history", 900.0), exclude=(own,),
+                        unwind_tables=options.unwind_tables)
     return probe, pipeline
 
 
@@ -411,12 +426,23 @@ def _record(options: argparse.Namespace, output: BinaryIO) -> int:
     except ProbeError as e:
         log.error("%s", e)
         return 1
+    # The targets' unwind tables first (a few seconds the first time a binary is seen), so that the
+    # whole recording has complete stacks; what was counted meanwhile is flushed away.
+    pipeline.sync_targets()
+    if pipeline.describer is not None and pipeline.describer.pending:
+        log.info("building unwind tables for %d process(es) before recording", pipeline.describer.pending)
+        if not pipeline.describer.wait_idle(UNWIND_TABLES_WAIT):
+            log.warning("unwind tables not ready after %d s: some stacks stop where frame pointers do",
+                        UNWIND_TABLES_WAIT)
+    # The window is [now, now + duration] on the probe's clock, whenever the last flush runs: the
+    # kernel counts nothing after its end, and blocks still going on are counted up to it.
+    start_ns = ktime_ns()
+    pipeline.flush()
+    end_ns = start_ns + int(options.duration * 1e9)
+    pipeline.end_window_at(end_ns)
+    log.info("recording for %g s", options.duration)
     recorder = RecordSink()
     pipeline.sinks = [recorder]
-    # The window is [attach, attach + duration] on the probe's clock, whenever the last flush runs:
-    # the kernel counts nothing after its end, and blocks still going on are counted up to it.
-    end_ns = probe.attached_ktime_ns + int(options.duration * 1e9)
-    pipeline.end_window_at(end_ns)
     pipeline.start()
     progress = Progress(options.duration, recorder.seen)
     progress.update()

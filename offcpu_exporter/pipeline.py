@@ -16,6 +16,7 @@ from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks import Sink
 from offcpu_exporter.snapshot import ProcessKey, Snapshot
 from offcpu_exporter.targets import ProcessTable
+from offcpu_exporter.unwind.describer import Describer
 
 __all__ = ["Pipeline"]
 
@@ -25,7 +26,8 @@ log = logging.getLogger(__name__)
 class Pipeline:
     def __init__(self, probe: Probe, aggregator: Aggregator, processes: ProcessTable, *,
                  flush_interval: float = 5.0, targets_interval: float = 1.0,
-                 history_seconds: float = 900.0, exclude: Sequence[int] = ()) -> None:
+                 history_seconds: float = 900.0, exclude: Sequence[int] = (),
+                 unwind_tables: str = "auto") -> None:
         self.probe = probe
         self.aggregator = aggregator
         self.processes = processes
@@ -47,6 +49,10 @@ class Pipeline:
         self._sink_errors = RateLimitedLog(log, interval=60)
         self._prepared: dict[int, ProcessKey] = {}  # pid -> the process whose maps were read
         self._seeded_all = False
+        # Which processes get DWARF unwind tables (see describe()): "all" watched ones at once, or
+        # "auto": selected targets at once, and with --all those whose stacks stop short.
+        self.unwind_tables = unwind_tables
+        self.describer: Describer | None = None
         self._final_until_ns: int | None = None
 
     # -- what sinks and handlers call (any thread) ----------------------------------------
@@ -80,6 +86,7 @@ class Pipeline:
 
     def sync_targets(self) -> None:
         """Make the kernel filter map match the process table."""
+        self._start_describer()
         added, _ = self.processes.refresh()
         if added:
             log.info("watching %d new process(es): %s", len(added),
@@ -90,12 +97,16 @@ class Pipeline:
             if current is not None and current.key != old:
                 self.aggregator.process_replaced(old)
                 del self._prepared[pid]
+                if self.describer is not None:
+                    self.describer.forget(pid)
         for info in self.processes.take_execs():
             # Stacks counted in the moment between the exec and this scan may be named from the new
             # program's maps; from here on they all are.
             log.info("%s[%d] exec'd %s: reading its maps again", info.comm, info.pid, info.exe)
             self.aggregator.forget_program(info.pid)
             self._prepared.pop(info.pid, None)
+            if self.describer is not None:
+                self.describer.forget(info.pid)
         self._sync_kernel_filter()
         # After the filter, so that the kernel counts while a big binary's symbols load: read each
         # new target's mappings while it is alive, since it may exit before its first flush.
@@ -106,8 +117,12 @@ class Pipeline:
                 continue
             self.aggregator.symbolizer.prepare(pid)
             self._prepared[pid] = current.key
+            if self.describer is not None and (self.unwind_tables == "all" or not self.probe.config.watch_all):
+                self.describer.want(pid)
         for pid in [pid for pid in self._prepared if self.processes.latest(pid) is None]:
             del self._prepared[pid]  # expired: the aggregator has dropped what named it
+            if self.describer is not None:
+                self.describer.forget(pid)
 
     def _sync_kernel_filter(self) -> None:
         kernel = self.probe.kernel_targets()
@@ -190,7 +205,16 @@ class Pipeline:
         except Exception:
             log.exception("final flush failed")
 
+    def _start_describer(self) -> None:
+        if self.probe.unwinder is not None and self.describer is None:
+            self.describer = Describer(self.probe.unwinder)
+            self.describer.start()
+            if self.probe.config.watch_all and self.unwind_tables == "auto":
+                # Every process is watched: tables only for those whose stacks need them.
+                self.aggregator.on_truncated = self.describer.want
+
     def start(self) -> None:
+        self._start_describer()
         with self._lock:
             if self._latest.sequence == 0:
                 self._latest = self.aggregator.before_first_flush()
@@ -209,6 +233,8 @@ class Pipeline:
             self._thread.join()
         with self._lock:
             self._flushed.notify_all()
+        if self.describer is not None:
+            self.describer.stop()
         deadline = time.monotonic() + sink_timeout
         for sink in self.sinks:
             try:

@@ -304,6 +304,10 @@ class Health:
     stack_sampled_ratio: float = 1.0  # captures / blocks over the last flush interval
     probe_run_ns: int = 0  # CPU time in the probe's programs (0 unless the kernel times BPF programs)
     probe_runs: int = 0
+    unwind_walks: Mapping[str, int] = field(default_factory=dict)  # DWARF unwinder: how walks ended
+    unwind_frames: Mapping[str, int] = field(default_factory=dict)  # frames stepped, by method
+    unwind_processes: int = 0  # processes with unwind tables now
+    unwind_no_space: int = 0  # tables that did not fit in the maps (frame pointers for them)
     symbolization_failures: int = 0
     flush_duration_seconds: float = 0.0  # of the flush that produced this snapshot
     flushes: int = 0

@@ -23,7 +23,11 @@
  * the probability it was captured) into the per-stack estimate, which user space scales to the
  * exact total of its thread and reason. The stack walks are ~90% of the cost of a block.
  *
- * Set by the loader with -D: OFFCPU_ATTACH_*, PER_THREAD, WATCH_ALL, FOLLOW_CHILDREN,
+ * User stacks: with frame pointers (bpf_get_stack), or, for processes user space has described
+ * with DWARF CFI tables (OFFCPU_UNWIND, offcpu_exporter/bpf/unwind.h), walked from those tables:
+ * complete stacks through code built without frame pointers (most distributions' libraries).
+ *
+ * Set by the loader with -D: OFFCPU_ATTACH_*, OFFCPU_UNWIND, PER_THREAD, WATCH_ALL, FOLLOW_CHILDREN,
  * MIN_BLOCK_NS, MAX_BLOCK_NS, STACK_SAMPLING, SAMPLE_WINDOW_NS, THREAD_BUDGET, CPU_BUDGET,
  * LONG_BLOCK_NS, the map sizes MAX_TARGETS, MAX_THREADS, MAX_COUNTS, STACK_STORAGE, MAX_HIST, and
  * where BTF has them TASK_PID_OFFSET (raw tracepoint) and TASK_LOAD_BIT (kprobe).
@@ -32,6 +36,10 @@
 #include <linux/sched.h>
 #include <uapi/asm-generic/errno-base.h>
 #include "offcpu.h"
+#if OFFCPU_UNWIND
+/* Inlined by the loader (offcpu_exporter/unwind/source.py:bpf_text), not by the preprocessor. */
+#include "unwind.h"
+#endif
 
 /* What every hook returns. The kernel runs the BPF programs attached to a tracepoint or kprobe
  * before the perf events of that same event, and a 0 from any of them drops the event for every
@@ -80,23 +88,17 @@ static __always_inline int is_target(u32 tgid)
 #endif
 }
 
-/* Captures the current task's user (BPF_F_USER_STACK) or kernel stack and stores it under a hash
- * of its frames. Content-addressed ids (unlike bpf_get_stackid()'s bucket indices, which another
- * stack takes over once an id is freed, and which fail with -EEXIST when two stacks share a
- * bucket) let user space free unreferenced stacks at any time: a counter created meanwhile still
- * names the same frames, which user space keeps by id. */
-static __always_inline u64 capture_stack(void *ctx, u64 flags)
+/* Stores the stack in the per-CPU scratch buffer (n frames, leaf first) under a hash of its frames.
+ * Content-addressed ids (unlike bpf_get_stackid()'s bucket indices, which another stack takes over
+ * once an id is freed, and which fail with -EEXIST when two stacks share a bucket) let user space
+ * free unreferenced stacks at any time: a counter created meanwhile still names the same frames,
+ * which user space keeps by id. */
+static __always_inline u64 store_stack(struct offcpu_stack *buf, long n)
 {
-	int zero = 0;
-	struct offcpu_stack *buf = scratch.lookup(&zero);
-	if (!buf)
-		return OFFCPU_STACK_ERRNO_BASE + ENOMEM;
-	long len = bpf_get_stack(ctx, buf->ips, sizeof(buf->ips), flags);
-	if (len < 0)
-		return OFFCPU_STACK_ERRNO_BASE + ((u64)-len & 0x3ff);
-	if (len == 0)
+	if (n < 0)
+		return OFFCPU_STACK_ERRNO_BASE + ((u64)-n & 0x3ff);
+	if (n == 0)
 		return OFFCPU_STACK_EMPTY;
-	u32 n = len / sizeof(u64);
 	u64 h = 0x9e3779b97f4a7c15ULL ^ n;
 	for (int i = 0; i < OFFCPU_MAX_DEPTH; i++) {
 		if (i >= n)
@@ -113,6 +115,46 @@ static __always_inline u64 capture_stack(void *ctx, u64 flags)
 		return OFFCPU_STACK_ERRNO_BASE + ENOMEM;
 	}
 	return h;
+}
+
+static __always_inline struct offcpu_stack *scratch_buffer(void)
+{
+	int zero = 0;
+	return scratch.lookup(&zero);
+}
+
+/* The current task's kernel stack. */
+static __always_inline u64 capture_kernel_stack(void *ctx)
+{
+	struct offcpu_stack *buf = scratch_buffer();
+	if (!buf)
+		return OFFCPU_STACK_ERRNO_BASE + ENOMEM;
+	long len = bpf_get_stack(ctx, buf->ips, sizeof(buf->ips), 0); /* zeroes the rest */
+	return store_stack(buf, len < 0 ? len : (long)((u64)len / sizeof(u64)));
+}
+
+/* The current task's user stack: from the DWARF CFI tables where user space has described the
+ * process, else with frame pointers (the kernel's walk, cheaper where it is enough). */
+static __always_inline u64 capture_user_stack(void *ctx)
+{
+	struct offcpu_stack *buf = scratch_buffer();
+	if (!buf)
+		return OFFCPU_STACK_ERRNO_BASE + ENOMEM;
+#if OFFCPU_UNWIND
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (unwind_processes.lookup(&tgid)) {
+		u32 end = 0;
+		int n = unwind_user_stack(buf->ips, &end);
+		if (n != -EOPNOTSUPP) {
+			if (n >= 0 && n < OFFCPU_MAX_DEPTH)
+				buf->ips[n] = 0; /* the frames end here: user space reads up to a 0 */
+			return store_stack(buf, n);
+		}
+		/* A 32-bit task: no 64-bit registers for the tables; the kernel's walk handles it. */
+	}
+#endif
+	long len = bpf_get_stack(ctx, buf->ips, sizeof(buf->ips), BPF_F_USER_STACK); /* zeroes the rest */
+	return store_stack(buf, len < 0 ? len : (long)((u64)len / sizeof(u64)));
 }
 
 #if STACK_SAMPLING
@@ -195,8 +237,8 @@ static __always_inline void switch_out(void *ctx, u32 tid, u32 tgid, u32 reason,
 		u32 weight = sample(tid, now);
 		if (weight) {
 			s.weight = weight;
-			s.user_stack = capture_stack(ctx, BPF_F_USER_STACK);
-			s.kernel_stack = capture_stack(ctx, 0);
+			s.user_stack = capture_user_stack(ctx);
+			s.kernel_stack = capture_kernel_stack(ctx);
 			stat_add(OFFCPU_STAT_CAPTURES, 1);
 		}
 	}
@@ -260,8 +302,8 @@ static __always_inline void switch_in(void *ctx, struct offcpu_start *s, u32 tid
 		if (whole >= LONG_BLOCK_NS)
 			weight = 1; /* captured with probability 1 */
 		if (weight) {
-			key.user_stack = capture_stack(ctx, BPF_F_USER_STACK);
-			key.kernel_stack = capture_stack(ctx, 0);
+			key.user_stack = capture_user_stack(ctx);
+			key.kernel_stack = capture_kernel_stack(ctx);
 			stat_add(OFFCPU_STAT_CAPTURES, 1);
 		}
 	} else if (weight) {

@@ -16,6 +16,7 @@ from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets
 from offcpu_exporter.probe.compiler_memory import release_compiler_memory
 from offcpu_exporter.probe.kernel import KernelFacts, finish_task_switch_symbols, probe_kernel
+from offcpu_exporter.unwind import TableCache, UnwindConfig, UnwindMaps, Unwinder, bpf_text
 
 __all__ = ["CounterKey", "CounterValue", "Probe", "ProbeConfig", "ProbeError", "StartEntry"]
 
@@ -27,6 +28,7 @@ _BPF_NOEXIST = 1
 _SYS_BPF = 321  # x86-64
 _BPF_ENABLE_STATS = 32
 _BPF_STATS_RUN_TIME = 0
+_TABLE_MEMORY = 16 << 20  # unwind tables kept in memory beside the disk cache (they live in the BPF maps)
 _ENOTSUPP = 524  # the kernel-internal "operation not supported" some map types return
 
 
@@ -85,6 +87,9 @@ class ProbeConfig:
     long_block_ns: int = 1_000_000  # kprobe mode: blocks at least this long always have their stacks
     sample_window_ns: int = 100_000_000
     run_time_stats: bool = False  # have the kernel time the programs (BPF_ENABLE_STATS)
+    # User stacks from DWARF CFI tables for the processes user space describes (else frame pointers).
+    unwind: bool = True
+    unwind_cache_dir: str | None = None  # tables kept on disk by build id (None: not kept)
 
     @property
     def in_progress_credit(self) -> bool:
@@ -159,6 +164,7 @@ class Probe:
         self._stats_fd = -1
         self._cutoff_ns = 0
         self._marks_active = False
+        self.unwinder: Unwinder | None = None  # set when user stacks are walked from CFI tables
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -196,6 +202,12 @@ class Probe:
         if mode == "kprobe":
             extra = self._task_load_bit()
         source = (layout.BPF_DIR / layout.SOURCE).read_text()
+        unwind = self._unwind_config(mode)
+        if unwind is not None:
+            source = bpf_text(source)
+            extra = [*extra, "-DOFFCPU_UNWIND=1", *unwind.cflags()]
+        else:
+            extra = [*extra, "-DOFFCPU_UNWIND=0"]
         try:
             self._bpf = bcc.BPF(text=source.encode(), cflags=self.config.cflags(variant, extra))
         except Exception as e:  # bcc raises a bare Exception with the compiler's message
@@ -203,6 +215,9 @@ class Probe:
         released = release_compiler_memory()
         log.debug("compiler memory released: %d MB of code advised out", released >> 20)
         self._lib = bcc.libbcc.lib
+        if unwind is not None:
+            self.unwinder = Unwinder(UnwindMaps(self._bpf),
+                                     cache=TableCache(self.config.unwind_cache_dir, memory_bytes=_TABLE_MEMORY))
         self.mode = mode
         if mode == "kprobe":
             self._attach_kprobes()
@@ -230,6 +245,20 @@ class Probe:
             log.warning("BTF unreadable (%s): using the perf-event tracepoint", e)
             return None
         return None if bits is None else bits // 8
+
+    def _unwind_config(self, mode: str) -> UnwindConfig | None:
+        """The unwinder's build settings, or None when user stacks stay with frame pointers. The
+        walk reads the task's saved user registers: through BTF (5.15+), or else at the kernel
+        headers' offsets, which only matching headers give."""
+        if not self.config.unwind:
+            return None
+        if self.facts.btf and self._kernel_version() >= (5, 15):
+            return UnwindConfig(regs_btf=True)
+        if self.facts.headers_match:
+            return UnwindConfig(regs_btf=False)
+        log.warning("user stacks with frame pointers only: no BTF (5.15+) and no headers matching the kernel "
+                    "to find a task's user registers for the DWARF unwinder")
+        return None
 
     def _task_load_bit(self) -> list[str]:
         """Where task_struct::sched_contributes_to_load is: the reason of a task that is being woken

@@ -110,6 +110,16 @@ class Unwinder:
                 self._maps.delete_process(pid)
             self._release(pid, known.keys)
 
+    def maps_stats(self) -> dict[str, int]:
+        """The BPF walk's counters (UnwindMaps.stats), empty without maps."""
+        return self._maps.stats() if self._maps is not None else {}
+
+    @property
+    def processes(self) -> int:
+        """Processes described now (with tables in the maps)."""
+        with self._lock:
+            return len(self._processes)
+
     def describe(self, pid: int) -> list[MappingUnwind]:
         with self._lock:
             known = self._processes.get(pid)

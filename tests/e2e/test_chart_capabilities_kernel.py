@@ -76,7 +76,7 @@ def record_with(capabilities: list[str], wrapper: Path, tmp_path: Path) -> tuple
         log = []
         for line in proc.stderr:
             log.append(line)
-            if "probe attached" in line or "error" in line.lower():
+            if "recording for" in line or "error" in line.lower():
                 break
         time.sleep(0.5)  # the pid reaches the kernel filter right after the attach
         workload.go()

@@ -25,13 +25,13 @@ def parse_folded(text: str) -> dict[str, int]:
 
 
 def _record(args: list[str], timeout: float = 120) -> subprocess.Popen[bytes]:
-    """Start `record` and return once its probe is attached (its log says so on stderr)."""
+    """Start `record` and return once its window has begun (its log says so on stderr)."""
     proc = subprocess.Popen([sys.executable, "-m", "offcpu_exporter", "record", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stderr is not None
     deadline = time.monotonic() + timeout
     for line in proc.stderr:
-        if b"probe attached" in line or time.monotonic() > deadline:
+        if b"recording for" in line or time.monotonic() > deadline:
             break
     time.sleep(0.3)  # the first targets sync follows the attach
     return proc

@@ -77,7 +77,7 @@ def test_record_from_another_folder(installed: Path, tmp_path: Path) -> None:
         deadline = time.monotonic() + 120
         for line in proc.stderr:
             log.append(line)
-            if "probe attached" in line or time.monotonic() > deadline:
+            if "recording for" in line or time.monotonic() > deadline:
                 break
         time.sleep(0.3)  # the first targets sync follows the attach
         workload.go()

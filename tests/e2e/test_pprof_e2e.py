@@ -195,7 +195,7 @@ def test_record_html_shows_the_function(tmp_path: Path) -> None:
         assert record.stderr is not None
         deadline = time.monotonic() + 60
         for line in record.stderr:
-            if "probe attached" in line or time.monotonic() > deadline:
+            if "recording for" in line or time.monotonic() > deadline:
                 break
         w.go()
         _, err = record.communicate(timeout=60)

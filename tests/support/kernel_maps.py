@@ -37,6 +37,7 @@ class KernelMaps:
         self.mode, self.hooked, self.attached = "tracepoint", ("sched:sched_switch",), True
         self.attached_wall_ns = 0
         self.attached_ktime_ns = 0
+        self.unwinder = None  # user stacks with frame pointers only
 
     def read_counts(self) -> list[tuple[CounterKey, CounterValue]]:
         return list(self.counts.items())

@@ -98,7 +98,7 @@ def test_first_flush_then_increases_then_zero(proc: Path) -> None:
     snap = agg.flush()
     (sample,) = snap.samples
     assert sample.total == sample.increase == Counter(3, 3_000)
-    assert _names(sample) == (("u10", "u20"), ("ka", "kb"))
+    assert _names(sample) == (("u10", "u1f"), ("ka", "kb"))
     assert snap.processes[sample.process].info.comm == "my (app)"
     assert snap.processes[sample.process].total == Counter(3, 3_000)
 
@@ -121,7 +121,7 @@ def test_sampled_stacks_share_the_exact_total_in_proportion_to_their_estimates(p
     kernel.counts[key(42, U2, K2)] = CounterValue(1, 100_000_000, 200, 10_000_000_000)
     snap = agg.flush()
     by_stack = {_names(s): s.total for s in snap.samples}
-    assert by_stack[(("u10", "u20"), ("ka", "kb"))] == Counter(500, 6_333_333_333)
+    assert by_stack[(("u10", "u1f"), ("ka", "kb"))] == Counter(500, 6_333_333_333)
     assert by_stack[(("u30",), ("kc",))] == Counter(500, 3_166_666_667)
     total = sum(by_stack.values(), ZERO)
     assert total == Counter(1_000, 9_500_000_000) == next(iter(snap.processes.values())).total
@@ -143,7 +143,7 @@ def test_blocks_whose_counter_could_not_be_created_are_shown_as_lost(proc: Path)
     kernel.counts[KEY] = exact(4, 4_000)
     by_stack = {_names(s): s.total for s in agg.flush().samples}
     assert by_stack == {(("[lost stack: counter map full]",), ()): Counter(4, 4_000),
-                        (("u10", "u20"), ("ka", "kb")): Counter(4, 4_000)}
+                        (("u10", "u1f"), ("ka", "kb")): Counter(4, 4_000)}
 
 
 def test_idle_key_is_drained_its_total_survives_and_its_stacks_are_freed(proc: Path) -> None:
@@ -175,7 +175,7 @@ def test_a_counter_created_while_its_stack_was_freed_keeps_its_frames(proc: Path
     assert {U1, U2, K1, K2} <= kernel.deleted_stacks
     kernel.counts[KEY] = exact(1, 100)
     (sample,) = agg.flush().samples
-    assert _names(sample) == (("u10", "u20"), ("ka", "kb"))
+    assert _names(sample) == (("u10", "u1f"), ("ka", "kb"))
     assert not snapshot_lost(agg)
 
 
@@ -240,7 +240,7 @@ class LateMapping(Names):
 
     def user(self, pid, addresses):  # type: ignore[no-untyped-def]
         self.calls += 1
-        return tuple(UNKNOWN if a == 0x20 and not self.mapped else Frame(f"u{a:x}") for a in addresses)
+        return tuple(UNKNOWN if a == 0x1f and not self.mapped else Frame(f"u{a:x}") for a in addresses)
 
 
 def _late_mapping_aggregator(proc: Path) -> tuple[KernelMaps, LateMapping, Aggregator]:
@@ -263,7 +263,7 @@ def test_a_stack_with_an_unmapped_address_is_named_at_the_next_flush(proc: Path)
     by_user = {tuple(f.name for f in s.stack.user): s for s in agg.flush().samples}
     # What was counted stays where it was; from now on counts go to the named stack.
     assert by_user[("u10", "[unknown]")].total == Counter(1, 1_000)
-    assert by_user[("u10", "u20")].increase == Counter(2, 4_000)
+    assert by_user[("u10", "u1f")].increase == Counter(2, 4_000)
     assert names.refreshes == 1
 
 
@@ -314,7 +314,7 @@ def test_blocks_in_progress_count_up_to_the_flush_and_show_as_blocked_now(proc: 
     snap = agg.flush()
     (sample,) = snap.samples
     assert sample.reason is Reason.UNINTERRUPTIBLE and sample.tid == 42
-    assert _names(sample) == (("u10", "u20"), ("ka", "kb"))
+    assert _names(sample) == (("u10", "u1f"), ("ka", "kb"))
     assert sample.total.count == 0 and 2.0 <= sample.total.seconds < 2.5  # no block has ended yet
     blocked = snap.processes[sample.process].blocked[Reason.UNINTERRUPTIBLE]
     assert blocked.threads == 1 and 2.0 <= blocked.longest_seconds < 2.5
@@ -400,3 +400,25 @@ def test_without_thread_ids_the_process_view_has_no_threads(proc: Path) -> None:
     kernel.counts[KEY] = exact(3, 3_000)
     view = next(iter(agg.flush().processes.values()))
     assert view.total == Counter(3, 3_000) and not view.threads
+
+
+def test_user_stacks_are_named_by_call_site_and_short_ones_are_reported(proc: Path) -> None:
+    class Rooted(Names):
+        def user(self, pid, addresses):  # type: ignore[no-untyped-def]
+            self.seen = addresses
+            return tuple(Frame("_start" if a == 0x1f else f"u{a:x}") for a in addresses)
+
+    kernel = _kernel()
+    names = Rooted()
+    table = ProcessTable(TargetRules(pids=(42,)), proc_root=str(proc))
+    table.start()
+    agg = Aggregator(kernel, names, table)  # type: ignore[arg-type]
+    short: list[int] = []
+    agg.on_truncated = short.append
+    kernel.counts[KEY] = exact(1, 100)  # U1: 0x10 (the leaf), 0x20 (a return address)
+    agg.flush()
+    assert names.seen == (0x10, 0x1F)  # the return address is looked up at its call instruction
+    assert short == []  # it ends in _start
+    kernel.counts[key(42, U2, K1)] = exact(1, 100)  # U2: one frame, stopped short
+    agg.flush()
+    assert short == [42]

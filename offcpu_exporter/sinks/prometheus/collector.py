@@ -157,6 +157,18 @@ class OffCPUCollector:
                 "kernel.bpf_stats_enabled).",
             ),
             c("offcpu_exporter_probe_runs", "Runs of the probe's BPF programs (counted when timed, as above)."),
+            c(
+                "offcpu_exporter_unwind_walks",
+                "User stacks walked from DWARF CFI tables, by how the walk ended (root: complete).",
+                labels=("end",),
+            ),
+            c(
+                "offcpu_exporter_unwind_frames",
+                "Frames of those walks, by how each was stepped (cfi, frame_pointer, unsupported_cfi, signal).",
+                labels=("method",),
+            ),
+            g("offcpu_exporter_unwind_processes", "Processes with DWARF unwind tables now."),
+            c("offcpu_exporter_unwind_tables_no_space", "Unwind tables that did not fit in the BPF maps."),
             c("offcpu_exporter_symbolization_failures", "Frames that could not be symbolized."),
             g(
                 "offcpu_exporter_last_flush_duration_seconds",
@@ -317,6 +329,12 @@ class OffCPUCollector:
         fams["offcpu_exporter_stack_sampling_ratio"].add_metric([], h.stack_sampled_ratio)
         fams["offcpu_exporter_probe_cpu_seconds"].add_metric([], h.probe_run_ns / 1e9)
         fams["offcpu_exporter_probe_runs"].add_metric([], h.probe_runs)
+        for end, n in sorted(h.unwind_walks.items()):
+            fams["offcpu_exporter_unwind_walks"].add_metric([end], n)
+        for method, n in sorted(h.unwind_frames.items()):
+            fams["offcpu_exporter_unwind_frames"].add_metric([method], n)
+        fams["offcpu_exporter_unwind_processes"].add_metric([], h.unwind_processes)
+        fams["offcpu_exporter_unwind_tables_no_space"].add_metric([], h.unwind_no_space)
         fams["offcpu_exporter_symbolization_failures"].add_metric([], h.symbolization_failures)
         fams["offcpu_exporter_last_flush_duration_seconds"].add_metric([], h.flush_duration_seconds)
         fams["offcpu_exporter_flushes"].add_metric([], h.flushes)

@@ -134,8 +134,8 @@ class Recorder:
             self.stderr.append(line)
             if "adding target" in line:
                 self._added += 1
-                if self._added >= self._expected:
-                    self.attached.set()
+            if "recording for" in line and self._added >= self._expected:
+                self.attached.set()  # every pid in the filter, their tables built: the window begins
 
     def wait_attached(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout

@@ -35,15 +35,6 @@ def harness() -> Iterator[Harness]:
         yield h
 
 
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for p in procs:
-        p.kill()
-        p.wait()
-
-
 def start(procs: list[subprocess.Popen[str]], *argv: str, ready: str | None = None) -> subprocess.Popen[str]:
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     procs.append(p)

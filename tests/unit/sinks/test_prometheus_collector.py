@@ -414,6 +414,10 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
         stack_sampled_ratio=0.125,
         probe_run_ns=3_000_000_000,
         probe_runs=12_000,
+        unwind_walks={"root": 90, "fault": 2},
+        unwind_frames={"cfi": 1500, "frame_pointer": 40},
+        unwind_processes=3,
+        unwind_no_space=1,
         symbolization_failures=2,
         flush_duration_seconds=0.012,
         flushes=9,
@@ -450,6 +454,10 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
     assert samples(text, "offcpu_exporter_stack_sampling_ratio") == [({}, 0.125)]
     assert samples(text, "offcpu_exporter_probe_cpu_seconds_total") == [({}, 3.0)]
     assert samples(text, "offcpu_exporter_probe_runs_total") == [({}, 12000.0)]
+    assert by(text, "offcpu_exporter_unwind_walks_total", "end") == {"fault": 2, "root": 90}
+    assert by(text, "offcpu_exporter_unwind_frames_total", "method") == {"cfi": 1500, "frame_pointer": 40}
+    assert samples(text, "offcpu_exporter_unwind_processes") == [({}, 3.0)]
+    assert samples(text, "offcpu_exporter_unwind_tables_no_space_total") == [({}, 1.0)]
     assert samples(text, "offcpu_exporter_flushes_total")[0][1] == 9
     assert samples(text, "offcpu_exporter_targets")[0][1] == 4
     assert samples(text, "offcpu_exporter_last_flush_duration_seconds")[0][1] == 0.012

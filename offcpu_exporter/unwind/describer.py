@@ -1,0 +1,116 @@
+"""Describes processes to the unwinder in the background.
+
+The first time an object is seen its CFI is parsed (0.4 s for libc, 1-2 s for python3.11, tens of
+seconds for the largest objects): never on the flush thread. One worker thread takes the processes
+to describe in order, and looks again every `refresh_seconds` at those it described, since a
+process may map more code (dlopen) or exec; until a process is described its user stacks are
+walked with frame pointers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+from offcpu_exporter.unwind.unwinder import Unwinder
+
+__all__ = ["Describer"]
+
+log = logging.getLogger(__name__)
+
+
+class Describer:
+    def __init__(self, unwinder: Unwinder, *, refresh_seconds: float = 10.0) -> None:
+        self.unwinder = unwinder
+        self.refresh_seconds = refresh_seconds
+        self._queue: deque[int] = deque()
+        self._wanted: set[int] = set()  # queued or described
+        self._described: dict[int, float] = {}  # pid -> when it was last looked at
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._busy = False  # a pid is being described now
+        self.failures = 0
+
+    def want(self, pid: int) -> None:
+        """Describe `pid` (once; later calls are free)."""
+        with self._lock:
+            if pid in self._wanted:
+                return
+            self._wanted.add(pid)
+            self._queue.append(pid)
+        self._wake.set()
+
+    def forget(self, pid: int) -> None:
+        with self._lock:
+            self._wanted.discard(pid)
+            self._described.pop(pid, None)
+        self.unwinder.forget(pid)
+
+    @property
+    def described(self) -> int:
+        with self._lock:
+            return len(self._described)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Until nothing is queued (for tests and `record`'s first stacks)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._queue and not self._busy:
+                    return True
+            time.sleep(0.02)
+        return False
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="offcpu-unwind-tables", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _next(self) -> int | None:
+        now = time.monotonic()
+        with self._lock:
+            if self._queue:
+                self._busy = True
+                return self._queue.popleft()
+            stale = [pid for pid, at in self._described.items() if now - at >= self.refresh_seconds]
+            if stale:
+                self._busy = True
+                return min(stale, key=self._described.__getitem__)
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pid = self._next()
+            if pid is None:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            try:
+                described = self.unwinder.update(pid)
+            except Exception:
+                self.failures += 1
+                log.exception("building the unwind tables of pid %d failed; its stacks use frame pointers", pid)
+                described = None
+            with self._lock:
+                self._busy = False
+                if described is None:  # gone
+                    self._wanted.discard(pid)
+                    self._described.pop(pid, None)
+                elif pid in self._wanted:
+                    self._described[pid] = time.monotonic()
+            if described is None:
+                self.unwinder.forget(pid)
