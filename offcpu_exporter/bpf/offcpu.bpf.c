@@ -62,6 +62,7 @@ BPF_HASH(stacks, u64, struct offcpu_stack, STACK_STORAGE);
 BPF_PERCPU_ARRAY(scratch, struct offcpu_stack, 1);
 BPF_ARRAY(control, struct offcpu_control, 1);
 BPF_PERCPU_ARRAY(stats, u64, OFFCPU_STAT_MAX);
+BPF_PERCPU_ARRAY(pending, struct offcpu_start, 1); /* the start entry being built (switch_out()) */
 #if STACK_SAMPLING
 /* LRU: threads that stop being watched (their process left the targets) never switch out as
  * watched again, so nothing would delete their entries; the LRU map evicts them instead. */
@@ -229,20 +230,24 @@ static __always_inline void switch_out(void *ctx, u32 tid, u32 tgid, u32 reason,
 {
 	if (ctl && ctl->cutoff_ns && now >= ctl->cutoff_ns)
 		return; /* past the end of the window being measured */
-	struct offcpu_start s = {};
-	s.ts_ns = now;
-	s.tgid = tgid;
-	s.reason = reason;
-	if (capture) {
-		u32 weight = sample(tid, now);
-		if (weight) {
-			s.weight = weight;
-			s.user_stack = capture_user_stack(ctx);
-			s.kernel_stack = capture_kernel_stack(ctx);
-			stat_add(OFFCPU_STAT_CAPTURES, 1);
-		}
+	/* Built in map memory (per CPU), which the verifier does not track value by value: whatever
+	 * path led here, one state reaches the stack walks (see capture_at_switch_in()). */
+	int zero = 0;
+	struct offcpu_start *s = pending.lookup(&zero);
+	if (!s)
+		return;
+	s->ts_ns = now;
+	s->tgid = tgid;
+	s->reason = reason;
+	s->weight = capture ? sample(tid, now) : 0;
+	s->user_stack = 0;
+	s->kernel_stack = 0;
+	if (s->weight) {
+		s->user_stack = capture_user_stack(ctx);
+		s->kernel_stack = capture_kernel_stack(ctx);
+		stat_add(OFFCPU_STAT_CAPTURES, 1);
 	}
-	if (start.update(&tid, &s) != 0)
+	if (start.update(&tid, s) != 0)
 		stat_add(OFFCPU_STAT_START_DROPPED, 1);
 }
 
@@ -260,11 +265,17 @@ static __always_inline void forget_thread(u32 tid)
 #endif
 }
 
-/* Thread `tid`, switched out at s->ts_ns, runs again: count the block. In kprobe mode
- * (capture != 0) current is that thread and its stacks are captured here, after the filters,
- * and always for a block of at least LONG_BLOCK_NS. */
-static __always_inline void switch_in(void *ctx, struct offcpu_start *s, u32 tid, u64 now,
-				      struct offcpu_control *ctl, int capture)
+/* The stacks a block is counted under: captured at switch-out (tracepoint mode, kept in the
+ * thread's start entry) or at switch-in (kprobe mode). weight 0: not captured. */
+struct capture {
+	u64 user_stack;
+	u64 kernel_stack;
+	u32 weight;
+};
+
+/* Thread `tid`, switched out at s->ts_ns, runs again: count the block under the stacks in `cap`. */
+static __always_inline void switch_in(struct offcpu_start *s, u32 tid, u64 now, struct offcpu_control *ctl,
+				      struct capture *cap)
 {
 	u64 from = s->ts_ns;
 	if (ctl) {
@@ -292,23 +303,14 @@ static __always_inline void switch_in(void *ctx, struct offcpu_start *s, u32 tid
 		goto done;
 	}
 
-	u32 weight = s->weight;
+	u32 weight = cap->weight;
 	struct offcpu_key key = {};
 	key.tgid = s->tgid;
 	key.tid = PER_THREAD ? tid : 0;
 	key.reason = s->reason;
-	if (capture) {
-		weight = sample(tid, now);
-		if (whole >= LONG_BLOCK_NS)
-			weight = 1; /* captured with probability 1 */
-		if (weight) {
-			key.user_stack = capture_user_stack(ctx);
-			key.kernel_stack = capture_kernel_stack(ctx);
-			stat_add(OFFCPU_STAT_CAPTURES, 1);
-		}
-	} else if (weight) {
-		key.user_stack = s->user_stack;
-		key.kernel_stack = s->kernel_stack;
+	if (weight) {
+		key.user_stack = cap->user_stack;
+		key.kernel_stack = cap->kernel_stack;
 	}
 
 	struct offcpu_value zero = {};
@@ -385,9 +387,44 @@ static __always_inline u32 reason_of_task_state(struct task_struct *prev, long s
 	return OFFCPU_REASON_OTHER;
 }
 
+/* kprobe mode: current has just been switched in and its stacks are the ones it blocked in. Which
+ * blocks have them captured is decided from the block's length, before anything else the handler
+ * does: the DWARF unwinder is verified once per distinct verifier state that reaches it, and the
+ * fewer branches before it, the fewer states (the 1M-instruction verification limit). */
+BPF_PERCPU_ARRAY(captures, struct capture, 1);
+
+static __always_inline void capture_at_switch_in(void *ctx, struct offcpu_start *s, u32 tid, u64 now,
+						 struct capture *cap)
+{
+	cap->weight = 0;
+	u64 whole = now > s->ts_ns ? now - s->ts_ns : 0;
+	if (whole < MIN_BLOCK_NS || whole > MAX_BLOCK_NS)
+		return; /* not counted: no stacks needed */
+	u32 weight = sample(tid, now);
+	if (whole >= LONG_BLOCK_NS)
+		weight = 1; /* captured with probability 1 */
+	/* Kept in map memory, which the verifier does not track value by value: whatever path led
+	 * here, one state reaches the walks below. */
+	cap->weight = weight;
+	if (!cap->weight)
+		return;
+	cap->user_stack = capture_user_stack(ctx);
+	cap->kernel_stack = capture_kernel_stack(ctx);
+	stat_add(OFFCPU_STAT_CAPTURES, 1);
+}
+
 int offcpu_finish_task_switch(struct pt_regs *ctx, struct task_struct *prev)
 {
 	u64 now = bpf_ktime_get_ns();
+	u32 tid = bpf_get_current_pid_tgid();
+	struct offcpu_start *s = start.lookup(&tid);
+	int zero = 0;
+	struct capture *cap = captures.lookup(&zero);
+	if (s && cap) {
+		capture_at_switch_in(ctx, s, tid, now, cap);
+		switch_in(s, tid, now, control_now(), cap);
+	}
+
 	struct offcpu_control *ctl = control_now();
 	u32 prev_tgid = prev->tgid;
 
@@ -400,11 +437,6 @@ int offcpu_finish_task_switch(struct pt_regs *ctx, struct task_struct *prev)
 		forget_thread(prev->pid); /* watched or not: see forget_thread() */
 	else if (is_target(prev_tgid))
 		switch_out(ctx, prev->pid, prev_tgid, reason_of_task_state(prev, state), now, ctl, 0);
-
-	u32 tid = bpf_get_current_pid_tgid();
-	struct offcpu_start *s = start.lookup(&tid);
-	if (s)
-		switch_in(ctx, s, tid, now, ctl, 1); /* the stacks here are the ones it blocked in */
 	return OFFCPU_KEEP_EVENT;
 }
 #endif
@@ -433,16 +465,20 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	u64 id = bpf_get_current_pid_tgid(); /* current is still prev here */
 	u32 tgid = id >> 32;
 
+	/* next first, then prev: the stack walks come last, with little after them to verify again
+	 * for each way they can end. */
+	u32 next = args->next_pid;
+	struct offcpu_start *s = start.lookup(&next);
+	if (s) {
+		struct capture cap = {s->user_stack, s->kernel_stack, s->weight};
+		switch_in(s, next, now, ctl, &cap);
+	}
+
 	long state = args->prev_state;
 	if ((state & 0xff) && (state & 0x30)) /* exit_state reported: the task is dead */
 		forget_thread((u32)id);
 	else if (is_target(tgid))
 		switch_out(args, (u32)id, tgid, reason_of_tracepoint_state(state), now, ctl, 1);
-
-	u32 next = args->next_pid;
-	struct offcpu_start *s = start.lookup(&next);
-	if (s)
-		switch_in(args, s, next, now, ctl, 0);
 	return OFFCPU_KEEP_EVENT;
 }
 #endif
@@ -495,17 +531,20 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	u64 id = bpf_get_current_pid_tgid(); /* current is still prev here */
 	u32 tgid = id >> 32;
 
+	/* next first, then prev: see the perf-event tracepoint's handler. */
+	u32 next = 0;
+	bpf_probe_read_kernel(&next, sizeof(next), (void *)ctx->args[2] + TASK_PID_OFFSET);
+	struct offcpu_start *s = start.lookup(&next);
+	if (s) {
+		struct capture cap = {s->user_stack, s->kernel_stack, s->weight};
+		switch_in(s, next, now, ctl, &cap);
+	}
+
 	u64 preempt = ctx->args[0], state = ctx->args[3];
 	if (!preempt && (state & RAW_TASK_DEAD)) /* do_task_dead(): its last switch */
 		forget_thread((u32)id);
 	else if (is_target(tgid))
 		switch_out(ctx, (u32)id, tgid, reason_of_raw_state(preempt, state), now, ctl, 1);
-
-	u32 next = 0;
-	bpf_probe_read_kernel(&next, sizeof(next), (void *)ctx->args[2] + TASK_PID_OFFSET);
-	struct offcpu_start *s = start.lookup(&next);
-	if (s)
-		switch_in(ctx, s, next, now, ctl, 0);
 	return OFFCPU_KEEP_EVENT; /* ignored for raw tracepoints; kept alike */
 }
 #endif
