@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import BinaryIO
 
-from offcpu_exporter import __version__, logfmt
+from offcpu_exporter import __version__, heap, logfmt
 from offcpu_exporter.config import (
     ConfigError,
     Duration,
@@ -466,6 +466,7 @@ def cmd_doctor(options: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    heap.limit_arenas()  # before any thread: see offcpu_exporter/heap.py
     args = list(sys.argv[1:] if argv is None else argv)
     options = parse_args(args)
     logfmt.configure_logging(options.log_level, options.log_format)

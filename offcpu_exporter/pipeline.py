@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from offcpu_exporter import heap
 from offcpu_exporter.aggregate import Aggregator
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import Probe
@@ -157,6 +158,7 @@ class Pipeline:
             self._flushes_started += 1
             number = self._flushes_started
         snapshot = self.aggregator.flush(final=final, until_ns=self._final_until_ns if final else None)
+        heap.trim()  # what the flush allocated for a moment (map reads, new symbols) goes back
         with self._lock:
             self._flushes_done = number
             self._latest = snapshot

@@ -12,11 +12,11 @@ runs the compiler again, yet (measured on Debian 12, bcc 0.26, LLVM 14):
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import re
 
+from offcpu_exporter.heap import trim
 from offcpu_exporter.symbols.maps import parse_maps
 
 __all__ = ["release_compiler_memory"]
@@ -34,9 +34,8 @@ def compiler_code_mappings(maps_text: str) -> list[tuple[int, int]]:
 
 def release_compiler_memory(maps_path: str = "/proc/self/maps") -> int:
     """Trims the heap and pages the compiler's code out; returns the bytes of code advised."""
+    trim()
     libc = ctypes.CDLL(None, use_errno=True)
-    with contextlib.suppress(AttributeError):
-        libc.malloc_trim(0)
     try:
         with open(maps_path) as f:
             ranges = compiler_code_mappings(f.read())

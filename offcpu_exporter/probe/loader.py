@@ -17,6 +17,7 @@ from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets
 from offcpu_exporter.probe.compiler_memory import release_compiler_memory
 from offcpu_exporter.probe.kernel import KernelFacts, finish_task_switch_symbols, probe_kernel
 from offcpu_exporter.unwind import TableCache, UnwindConfig, Unwinder, UnwindMaps, bpf_text
+from offcpu_exporter.unwind.build import build_in_child
 
 __all__ = ["CounterKey", "CounterValue", "Probe", "ProbeConfig", "ProbeError", "StartEntry"]
 
@@ -216,7 +217,8 @@ class Probe:
         log.debug("compiler memory released: %d MB of code advised out", released >> 20)
         self._lib = bcc.libbcc.lib
         if unwind is not None:
-            self.unwinder = Unwinder(UnwindMaps(self._bpf),
+            # Tables missing from the cache are parsed in a child process: its memory is not ours to keep.
+            self.unwinder = Unwinder(UnwindMaps(self._bpf), build_table=build_in_child,
                                      cache=TableCache(self.config.unwind_cache_dir, memory_bytes=_TABLE_MEMORY))
         self.mode = mode
         if mode == "kprobe":

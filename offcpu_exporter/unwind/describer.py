@@ -14,6 +14,7 @@ import threading
 import time
 from collections import deque
 
+from offcpu_exporter import heap
 from offcpu_exporter.unwind.unwinder import Unwinder
 
 __all__ = ["Describer"]
@@ -114,3 +115,4 @@ class Describer:
                     self._described[pid] = time.monotonic()
             if described is None:
                 self.unwinder.forget(pid)
+            heap.trim()

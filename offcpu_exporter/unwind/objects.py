@@ -14,11 +14,11 @@ from typing import BinaryIO
 from elftools.elf.elffile import ELFFile
 
 from offcpu_exporter.symbols.debuginfo import debug_file_candidates, read_debug_file
-from offcpu_exporter.symbols.elf import ElfFormatError, ElfInfo, read_elf
+from offcpu_exporter.symbols.elf import ElfFormatError, ElfInfo, read_elf, read_elf_layout
 from offcpu_exporter.unwind.cfi import CfiStats, Fde, fde_rows
 from offcpu_exporter.unwind.table import TableError, UnwindTable, build_table
 
-__all__ = ["ObjectError", "object_info", "object_table"]
+__all__ = ["ObjectError", "build_in_process", "object_info", "object_layout", "object_table"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,21 @@ def object_info(path: str) -> ElfInfo:
             return read_elf(f, os.fstat(f.fileno()).st_size)
     except (OSError, ElfFormatError) as exc:
         raise ObjectError(str(exc)) from None
+
+
+def object_layout(path: str) -> ElfInfo:
+    """Build id and load segments of the file at ``path``, without its symbol tables."""
+    try:
+        with open(path, "rb") as f:
+            return read_elf_layout(f)
+    except (OSError, ElfFormatError) as exc:
+        raise ObjectError(str(exc)) from None
+
+
+def build_in_process(path: str, layout: ElfInfo, binary_path: str, root: str, debug_dirs: Sequence[str]) -> UnwindTable:
+    """The table of the file at ``path`` (``layout`` from :func:`object_layout`), built here."""
+    del layout  # the debug file search needs what object_info reads
+    return object_table(path, object_info(path), binary_path, root, debug_dirs)
 
 
 def object_table(path: str, info: ElfInfo, binary_path: str, root: str, debug_dirs: Sequence[str]) -> UnwindTable:

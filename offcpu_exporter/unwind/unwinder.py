@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from offcpu_exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS
@@ -23,7 +23,7 @@ from offcpu_exporter.unwind import layout
 from offcpu_exporter.unwind.allocator import RangeAllocator
 from offcpu_exporter.unwind.cache import TableCache
 from offcpu_exporter.unwind.kernel import UnwindMaps
-from offcpu_exporter.unwind.objects import ObjectError, object_info, object_table
+from offcpu_exporter.unwind.objects import ObjectError, build_in_process, object_layout
 from offcpu_exporter.unwind.table import UnwindTable
 
 __all__ = ["MappingUnwind", "Unwinder"]
@@ -74,8 +74,12 @@ class Unwinder:
         proc_root: str = "/proc",
         debug_dirs: Sequence[str] = DEFAULT_DEBUG_DIRS,
         cache: TableCache | None = None,
+        build_table: Callable[[str, ElfInfo, str, str, Sequence[str]], UnwindTable] = build_in_process,
     ) -> None:
+        """`build_table`: how a table missing from the cache is made (objects.build_in_process, or
+        build.build_in_child to keep the parse's memory out of this process)."""
         self._maps = maps
+        self._build_table = build_table
         self._proc_root = proc_root.rstrip("/") or "/"
         self._debug_dirs = tuple(debug_dirs)
         self._cache = cache or TableCache(None)
@@ -172,7 +176,7 @@ class Unwinder:
         if obj is not None:
             return obj
         try:
-            info = object_info(open_path)
+            info = object_layout(open_path)
         except ObjectError as exc:
             obj = _Object(None, None, f"not ELF: {exc}")
         else:
@@ -180,15 +184,13 @@ class Unwinder:
             why = ""
             if table is None:
                 try:
-                    table = object_table(open_path, info, binary_path, f"{self._proc_root}/{pid}/root",
-                                         self._debug_dirs)
+                    table = self._build_table(open_path, info, binary_path, f"{self._proc_root}/{pid}/root",
+                                              self._debug_dirs)
                 except ObjectError as exc:
                     why = f"no CFI ({exc})"
                 else:
                     if info.build_id:
                         self._cache.put(info.build_id, table)
-            info.symtab = info.dynsym = None  # only the load segments are needed from here on
-            info.gnu_debugdata = b""
             obj = _Object(info, table, why)
         self._objects[key] = obj
         return obj
