@@ -235,6 +235,9 @@ class Aggregator:
         at_wall = now_wall - (now_k - at)
 
         groups: dict[_GroupKey, _Group] = {}
+        # The stack map first: a stack in it now was stored before the start entry or counter that
+        # references it, so the reads below see that reference (see _collect_stacks()).
+        in_map = self.probe.stack_ids()
         credits, blocked = self.in_progress.credit(at)
         self._add_credits(groups, credits)
         rows = self.probe.read_counts()
@@ -246,7 +249,7 @@ class Aggregator:
         increases, self._carried = self._carried, {}
         for gkey, group in groups.items():
             self._account(gkey, group, increases)
-        self._collect_stacks(blocked)
+        self._collect_stacks(in_map, blocked)
         expired = self._expire_processes(active={k[0] for k in increases})
         snapshot = self._snapshot(increases, blocked, expired, time.perf_counter() - t0, at_wall, at)
         if final or until_ns is not None:
@@ -437,13 +440,16 @@ class Aggregator:
                 self._unresolved[(pid, stack_id)] = (generation, time.monotonic() + _UNRESOLVED_WINDOW_SECONDS)
         return frames
 
-    def _collect_stacks(self, blocked: dict[int, StartEntry]) -> None:
-        """Frees stacks no counter and no block in progress references. The kernel may create a
-        counter with such a stack between the reads and the delete: the freed stack's addresses
-        are kept a few flushes for it (ids are content hashes, so they still name the same frames)."""
+    def _collect_stacks(self, in_map: set[int], blocked: dict[int, StartEntry]) -> None:
+        """Frees the stacks of `in_map` (read before the counters and blocks) that no counter and no
+        block in progress references. A block that starts after those reads may capture a stack
+        that is freed here (the same frames, already in the map): the freed stacks' addresses are
+        kept while a block or counter references them, and a few flushes more (ids are content
+        hashes, so they still name the same frames)."""
         referenced = {k.user_stack for k in self._keys} | {k.kernel_stack for k in self._keys}
         referenced |= {b.user_stack for b in blocked.values()} | {b.kernel_stack for b in blocked.values()}
-        in_map = self.probe.stack_ids()
+        for sid in referenced & self._freed.keys():
+            self._freed[sid] = (self._freed[sid][0], self._flushes)  # still in use: kept
         free = in_map - referenced
         for sid in free:
             addresses = self.probe.stack(sid)

@@ -422,3 +422,18 @@ def test_user_stacks_are_named_by_call_site_and_short_ones_are_reported(proc: Pa
     kernel.counts[key(42, U2, K1)] = exact(1, 100)  # U2: one frame, stopped short
     agg.flush()
     assert short == [42]
+
+
+def test_a_freed_stack_stays_named_while_a_long_block_references_it(proc: Path) -> None:
+    # The stack is in the map, unreferenced, when a flush frees it; a block that began just then
+    # with the same frames (no new capture: they were in the map) lasts many flushes, then ends.
+    kernel = _kernel(per_thread=True)
+    agg = _aggregator(proc, kernel)
+    agg.flush()
+    assert U1 in kernel.deleted_stacks
+    kernel.starts[42] = StartEntry(ktime_ns(), 42, 1, U1, K1, 1)
+    for _ in range(10):
+        agg.flush()
+    kernel.switch_in(42, ktime_ns())
+    names = {_names(s) for s in agg.flush().samples}
+    assert names == {(("u10", "u1f"), ("ka", "kb"))}, names
