@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         ("unwind", lambda: unwind_cost.measure(seconds=2.0 if q else 3.0)),
         ("flush", lambda: flush_cost.measure([100, 1000, 10000], flushes=3 if q else 5, interval=2.0, profile=False,
                                              rate=10_000)),
-        ("steady", lambda: steady_state.measure(duration=20 if q else 60, warmup=12, rate=50_000, stacks=1000)),
+        ("steady", lambda: steady_state.measure(duration=20 if q else 60, warmup=12, rate=100_000, stacks=1000)),
         ("symbols", lambda: symbols(q, options.peers_tree)),
         ("scrape", lambda: scrape_load(q, options.peers_tree)),
     ]
