@@ -29,7 +29,7 @@ _BPF_NOEXIST = 1
 _SYS_BPF = 321  # x86-64
 _BPF_ENABLE_STATS = 32
 _BPF_STATS_RUN_TIME = 0
-_TABLE_MEMORY = 16 << 20  # unwind tables kept in memory beside the disk cache (they live in the BPF maps)
+_TABLE_MEMORY = 0  # unwind tables are not kept in memory once in the BPF maps (the disk cache has them)
 _ENOTSUPP = 524  # the kernel-internal "operation not supported" some map types return
 
 

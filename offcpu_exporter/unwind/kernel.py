@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from array import array
 from typing import Any
 
 from offcpu_exporter.unwind import layout
@@ -37,7 +38,10 @@ class UnwindMaps:
         count = len(data) // size
         for at in range(0, count, _BATCH):
             n = min(_BATCH, count - at)
-            keys = (table.Key * n)(*(table.Key(first + at + i) for i in range(n)))
+            # The indices as one array, not n ctypes objects: libLLVM's table has 950,000 rows, and
+            # that many small objects fragment the interpreter's heap for good.
+            indices = array("i", range(first + at, first + at + n))
+            keys = (table.Key * n).from_buffer(indices)
             values = (table.Leaf * n).from_buffer_copy(data, at * size)
             try:
                 table.items_update_batch(keys, values)

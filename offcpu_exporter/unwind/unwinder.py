@@ -54,6 +54,12 @@ class _Object:
     row_first: int = -1  # placement in the maps, -1 while not placed
     page_first: int = -1
     users: set[int] = field(default_factory=set)
+    row_count: int = 0  # the table's size (its rows are dropped once they are in the maps)
+    page_count: int = 0
+
+    def __post_init__(self) -> None:
+        if self.table is not None:
+            self.row_count, self.page_count = self.table.row_count, self.table.page_count
 
 
 @dataclass
@@ -204,9 +210,9 @@ class Unwinder:
             return None, "mapping outside the object's load segments"
         if obj.row_first < 0 and not self._place(obj, table):
             return None, "no room left in the unwind maps"
-        rows = f"{table.stats.get('source', '')}, {table.row_count:,} rows"
+        rows = f"{table.stats.get('source', '')}, {obj.row_count:,} rows"
         bias = m.start - vaddr + table.base
-        return layout.UnwindMapping(m.start, m.end, bias, obj.page_first, table.page_count), rows
+        return layout.UnwindMapping(m.start, m.end, bias, obj.page_first, obj.page_count), rows
 
     def _place(self, obj: _Object, table: UnwindTable) -> bool:
         if self._maps is None:
@@ -227,6 +233,8 @@ class Unwinder:
         self._maps.write_rows(row_first, table.rows)
         self._maps.write_pages(page_first, pages.tobytes())
         obj.row_first, obj.page_first = row_first, page_first
+        # The maps hold the rows now (libLLVM's are 11 MB): only what describes them is kept.
+        obj.table = UnwindTable(table.base, b"", b"", table.stats)
         return True
 
     def _release(self, pid: int, keys: set[FileKey]) -> None:
@@ -239,8 +247,8 @@ class Unwinder:
                 continue
             del self._objects[key]
             if obj.table is not None and obj.row_first >= 0 and self._maps is not None:
-                self._rows.release(obj.row_first, obj.table.row_count)
-                self._pages.release(obj.page_first, obj.table.page_count)
+                self._rows.release(obj.row_first, obj.row_count)
+                self._pages.release(obj.page_first, obj.page_count)
 
     @property
     def rows_used(self) -> int:
