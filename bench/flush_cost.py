@@ -31,6 +31,7 @@ import pstats
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import BUILD, Result, Row, Stopwatch, build_c, shared, summary, write_outputs
 
-from tests.support.kernel_maps import KernelMaps
+from offcpu_exporter.probe.loader import CounterKey, CounterValue
+from tests.support.kernel_maps import MemoryMaps
 
 TARGET_SECONDS = 0.200
 
@@ -147,12 +149,10 @@ def prometheus_render() -> Any:
 
 
 def measure_one(stacks: int, flushes: int, interval: float, profile: bool, rate: float) -> dict[str, Any]:
-    from offcpu_exporter.aggregate import Aggregator
+    from offcpu_exporter.core import CoreConfig, build_core
     from offcpu_exporter.formats import Profile, render
-    from offcpu_exporter.pipeline import Pipeline
     from offcpu_exporter.probe.loader import Probe, ProbeConfig
-    from offcpu_exporter.symbols import Symbolizer
-    from offcpu_exporter.targets import ProcessTable, TargetRules
+    from offcpu_exporter.targets import TargetRules
 
     binary = build_c(generate_source(stacks), name=f"many_stacks_{stacks}")
     # Paced: a workload that spins on the CPU is preempted at random instructions, and every
@@ -163,14 +163,14 @@ def measure_one(stacks: int, flushes: int, interval: float, profile: bool, rate:
         assert proc.stdout is not None
         if proc.stdout.readline().split()[:1] != ["ready"]:
             raise RuntimeError("workload did not start")
-        # Room for 10,000 user stacks without many hash collisions in the stack map
-        # (bpf_get_stackid has no chaining: a taken bucket is -EEXIST, a lost stack).
-        probe = Probe(ProbeConfig(attach=os.environ.get("OFFCPU_ATTACH", "auto"), stack_storage=65536))
+        # Room for 10,000 user stacks and their kernel halves.
+        core = build_core(CoreConfig(probe=ProbeConfig(attach=os.environ.get("OFFCPU_ATTACH", "auto"),
+                                                       stack_storage=65536),
+                                     rules=TargetRules(pids=(proc.pid,))))
+        probe = core.probe
+        assert isinstance(probe, Probe)
         probe.start()
-        processes = ProcessTable(TargetRules(pids=(proc.pid,)), exclude=(os.getpid(),))
-        processes.start()
-        aggregator = Aggregator(probe, Symbolizer(), processes)
-        pipeline = Pipeline(probe, aggregator, processes, exclude=(os.getpid(),))
+        aggregator, pipeline = core.aggregator, core.pipeline
         pipeline.sync_targets()
 
         warmup = []
@@ -235,25 +235,26 @@ def measure_one(stacks: int, flushes: int, interval: float, profile: bool, rate:
         proc.wait()
 
 
-class InMemoryMaps(KernelMaps):
+class InMemoryMaps(MemoryMaps):
     """Exactly N counters, each growing every flush, so that the figure is the user-space cost
-    alone, free of the kernel's preemption stacks. Stacks are never freed, and stack id 1 << 20
-    (the kernel half of every key) reads as the shared kernel stack."""
+    alone, free of the kernel's preemption stacks. Stacks are never freed, and the kernel half of
+    every key is one shared kernel stack."""
+
+    KERNEL = 1 << 40  # the shared kernel stack's id (ids are hashes, from layout.STACK_RESERVED on)
 
     def __init__(self, stacks: int, depth: int = 18) -> None:
         super().__init__(max_counts=max(65536, 2 * stacks))
-        self.stacks = {i: tuple(0x400000 + (i * depth + j) * 16 for j in range(depth)) for i in range(stacks)}
-        self.stacks[-100] = tuple(0xFFFFFFFF81000000 + j * 64 for j in range(12))
-        self.n = stacks
+        base = 1 << 20
+        self.stacks = {base + i: tuple(0x400000 + (i * depth + j) * 16 for j in range(depth)) for i in range(stacks)}
+        self.stacks[self.KERNEL] = tuple(0xFFFFFFFF81000000 + j * 64 for j in range(12))
+        self.n, self.base = stacks, base
 
     def bump(self, pid: int, r: int) -> None:
         for i in range(self.n):
-            self.counts[(pid, 0, i, 1 << 20, 1)] = (r, r * 1_000_003 + i)
+            self.counts[CounterKey(pid, 0, 1, self.base + i, self.KERNEL)] = CounterValue(
+                r, r * 1_000_003 + i, r, r * 1_000_003 + i)
 
-    def stack(self, stack_id: int):  # type: ignore[no-untyped-def]
-        return self.stacks[-100] if stack_id == 1 << 20 else self.stacks.get(stack_id)
-
-    def delete_stacks(self, ids) -> None:  # type: ignore[no-untyped-def]
+    def delete_stacks(self, ids: Iterable[int]) -> None:
         pass
 
 
@@ -275,6 +276,12 @@ class NamedAddresses:
     def prepare(self, pid: int) -> None:
         pass
 
+    def generation(self, pid: int) -> int:
+        return 0
+
+    def refresh(self, pid: int) -> int:
+        return 0
+
     def forget(self, pid: int) -> None:
         pass
 
@@ -283,9 +290,9 @@ def measure_synthetic(stacks: int, flushes: int, gc_paused: bool = False) -> dic
     import gc
     import tempfile as _tempfile
 
-    from offcpu_exporter.aggregate import Aggregator
+    from offcpu_exporter.core import CoreConfig, build_core
     from offcpu_exporter.formats import Profile, render
-    from offcpu_exporter.targets import ProcessTable, TargetRules
+    from offcpu_exporter.targets import TargetRules
 
     with _tempfile.TemporaryDirectory() as root:
         pid = 4242
@@ -293,9 +300,8 @@ def measure_synthetic(stacks: int, flushes: int, gc_paused: bool = False) -> dic
         Path(root, str(pid), "stat").write_text(f"{pid} (app) S 1 " + " ".join(["0"] * 17) + " 777 0 0\n")
         Path(root, str(pid), "status").write_text(f"Name:\tapp\nTgid:\t{pid}\n")
         maps = InMemoryMaps(stacks)
-        table = ProcessTable(TargetRules(pids=(pid,)), proc_root=root)
-        table.start()
-        aggregator = Aggregator(maps, NamedAddresses(), table)  # type: ignore[arg-type]
+        aggregator = build_core(CoreConfig(rules=TargetRules(pids=(pid,))), probe=maps,  # type: ignore[arg-type]
+                                symbolizer=NamedAddresses(), proc_root=root).aggregator
         maps.bump(pid, 1)
         before = aggregator.flush()
         prom = prometheus_render()

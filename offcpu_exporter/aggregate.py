@@ -30,7 +30,8 @@ from typing import Protocol
 
 from offcpu_exporter.in_progress import Credit, InProgress
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import CounterKey, CounterValue, Probe, StartEntry, ktime_ns
+from offcpu_exporter.probe.loader import CounterKey, CounterValue, StartEntry, ktime_ns
+from offcpu_exporter.probe.maps import KernelMaps
 from offcpu_exporter.snapshot import (
     ZERO,
     Blocked,
@@ -166,7 +167,7 @@ class _Group:
         w[1] += ns
 
 
-@dataclass
+@dataclass(frozen=True)
 class AggregateConfig:
     age_after: int = 3  # flushes a kernel key may stay unchanged before it is drained
     high_water: float = 0.8  # counts-map fill at which every unchanged key is drained
@@ -180,7 +181,7 @@ _RowKey = tuple[ProcessKey, int, Reason, Stack]
 class Aggregator:
     """The one owner of the kernel maps: reads, diffs, drains, symbolizes, snapshots."""
 
-    def __init__(self, probe: Probe, symbolizer: Symbolizer, processes: ProcessTable,
+    def __init__(self, probe: KernelMaps, symbolizer: Symbolizer, processes: ProcessTable,
                  config: AggregateConfig | None = None, *, start_time_ns: int | None = None,
                  in_progress: InProgress | None = None) -> None:
         self.probe = probe
@@ -210,7 +211,6 @@ class Aggregator:
         self._last_time_ns = self.start_time_ns
         self._sequence = 0
         self._children: dict[int, tuple[int, int, str]] = {}
-        self._latest = Snapshot.empty(self.start_time_ns)
         self._infos: dict[ProcessKey, ProcessInfo] = {}
         self._carried: dict[_RowKey, Counter] = {}  # increases taken between flushes (process_replaced)
         # Called with a pid whose user stack stops before its thread's root (a frame-pointer walk
@@ -255,7 +255,6 @@ class Aggregator:
         if final or until_ns is not None:
             # The probe may outlive this pipeline (a probe shared by several): it counts again.
             self.probe.set_cutoff(0)
-        self._latest = snapshot
         return snapshot
 
     def _diff(self, rows: list[tuple[CounterKey, CounterValue]]) -> list[tuple[CounterKey, CounterValue]]:
@@ -664,7 +663,7 @@ class Aggregator:
         run_ns, runs = self.probe.run_time()
         walks: dict[str, int] = {}
         frames: dict[str, int] = {}
-        unwinder = getattr(self.probe, "unwinder", None)
+        unwinder = self.probe.unwinder
         if unwinder is not None:
             for name, n in unwinder.maps_stats().items():
                 if name.startswith("frames_"):
@@ -703,17 +702,17 @@ class Aggregator:
             targets=len(self.processes),
         )
 
-    def before_first_flush(self) -> Snapshot:
+    def initial_snapshot(self) -> Snapshot:
         """The snapshot outputs see until the first flush, with the probe's health filled in once
         it is attached: a scrape right after start must not read as "probe not attached"."""
-        if self._latest.sequence == 0 and self.probe.attached:
-            start = self.probe.attached_wall_ns or self.start_time_ns
-            self._latest = replace(Snapshot.empty(start), health=self._health(0.0, counts=len(self._keys)))
-        return self._latest
+        start = self.probe.attached_wall_ns or self.start_time_ns
+        if not self.probe.attached:
+            return Snapshot.empty(start)
+        return replace(Snapshot.empty(start), health=self._health(0.0, counts=len(self._keys)))
 
-    @property
-    def latest(self) -> Snapshot:
-        return self._latest
+    def prepare(self, pid: int) -> None:
+        """Read what names a new target's stacks while it is alive (it may exit before a flush)."""
+        self.symbolizer.prepare(pid)
 
 
 # The probe's own frames at the leaf of a kernel stack captured in a (raw) tracepoint or kprobe:

@@ -9,7 +9,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from types import ModuleType
 from typing import BinaryIO
 
@@ -25,7 +26,11 @@ from offcpu_exporter.config import (
     replace_deprecated,
     seconds,
 )
+from offcpu_exporter.core import CoreConfig
 from offcpu_exporter.k8s import selection as k8s_selection
+from offcpu_exporter.probe.loader import ProbeConfig
+from offcpu_exporter.snapshot import ProcessInfo
+from offcpu_exporter.targets import TargetRules
 
 __all__ = ["main"]
 
@@ -63,6 +68,8 @@ itself have no prefix (--pid, --flush-interval). Booleans are turned off with --
 
 
 DEFAULT_UNWIND_CACHE = "/var/cache/offcpu-exporter/unwind"
+_CORE = CoreConfig()  # the core's defaults, which the options show
+_PROBE = _CORE.probe
 UNWIND_TABLES_WAIT = 120  # seconds record waits for its targets' unwind tables
 
 
@@ -90,7 +97,7 @@ def _add_targets(p: argparse.ArgumentParser) -> None:
     g.add_argument("--all", action="store_true", help="every process but the exporter itself and the idle task")
     g.add_argument("--follow-children", action="store_true",
                    help="also watch processes forked by watched ones, from their first instruction")
-    g.add_argument("--targets-interval", type=seconds, default=1.0, metavar="DURATION",
+    g.add_argument("--targets-interval", type=seconds, default=_CORE.targets_interval, metavar="DURATION",
                    help="how often /proc is scanned for new and exited processes (default 1s)")
 
 
@@ -100,22 +107,22 @@ def _add_probe(p: argparse.ArgumentParser) -> None:
                    default=os.environ.get("OFFCPU_ATTACH", "auto"),
                    help="kprobe on finish_task_switch, the sched:sched_switch tracepoint, or auto (default)")
     g.add_argument("--per-thread", action="store_true", help="keep threads apart instead of summing per process")
-    g.add_argument("--min-block", type=BLOCK_DURATION, default=0, metavar="DURATION",
+    g.add_argument("--min-block", type=BLOCK_DURATION, default=_PROBE.min_block_ns, metavar="DURATION",
                    help="ignore blocks shorter than this (e.g. 100us; bare numbers are microseconds)")
-    g.add_argument("--max-block", type=BLOCK_DURATION, default=(1 << 64) - 1, metavar="DURATION",
+    g.add_argument("--max-block", type=BLOCK_DURATION, default=_PROBE.max_block_ns, metavar="DURATION",
                    help="ignore blocks longer than this (bare numbers are microseconds)")
-    g.add_argument("--stack-storage-size", type=positive_int, default=16384, metavar="N",
-                   help="distinct stacks the kernel can hold (default 16384; ~1 KiB each)")
+    g.add_argument("--stack-storage-size", type=positive_int, default=_PROBE.stack_storage, metavar="N",
+                   help="distinct stacks the kernel can hold (default %(default)s; ~1 KiB each)")
     g.add_argument("--stack-sampling", choices=("on", "off"), default="on",
                    help="on (default): capture the stacks of a bounded sample of blocks (--stack-budget); switch "
                         "counts and off-CPU time per process, thread and reason stay exact, per-stack figures are "
                         "estimates scaled to them. off: capture every block's stacks (full fidelity, full cost)")
-    g.add_argument("--stack-budget", type=positive_int, default=1000, metavar="N",
-                   help="stack captures per second per thread with sampling on (default 1000): threads that "
+    g.add_argument("--stack-budget", type=positive_int, default=_PROBE.stack_budget_thread, metavar="N",
+                   help="stack captures per second per thread with sampling on (default %(default)s): threads that "
                         "block less often have every block captured")
-    g.add_argument("--stack-budget-cpu", type=positive_int, default=5000, metavar="N",
-                   help="stack captures per second per CPU with sampling on (default 5000)")
-    g.add_argument("--unwind-tables", choices=("auto", "all", "off"), default="auto",
+    g.add_argument("--stack-budget-cpu", type=positive_int, default=_PROBE.stack_budget_cpu, metavar="N",
+                   help="stack captures per second per CPU with sampling on (default %(default)s)")
+    g.add_argument("--unwind-tables", choices=("auto", "all", "off"), default=_CORE.unwind_tables,
                    help="user stacks through code without frame pointers (most distributions' libraries) are "
                         "walked from DWARF CFI tables built for each process: auto (default) for the selected "
                         "targets at once and, with --all, for processes whose stacks stop short; all: every "
@@ -126,19 +133,19 @@ def _add_probe(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bpf-stats", choices=("on", "off"), default="on",
                    help="have the kernel time the probe's programs (BPF_ENABLE_STATS) for "
                         "offcpu_exporter_probe_cpu_seconds_total (default on; ~20 ns per context switch)")
-    g.add_argument("--max-counters", type=positive_int, default=65536, metavar="N",
-                   help="distinct (process, thread, stack, reason) counters in the kernel (default 65536)")
-    g.add_argument("--max-threads", type=positive_int, default=65536, metavar="N",
-                   help="threads that can be switched out at once (default 65536)")
+    g.add_argument("--max-counters", type=positive_int, default=_PROBE.max_counts, metavar="N",
+                   help="distinct (process, thread, stack, reason) counters in the kernel (default %(default)s)")
+    g.add_argument("--max-threads", type=positive_int, default=_PROBE.max_threads, metavar="N",
+                   help="threads that can be switched out at once (default %(default)s)")
 
 
 def _add_aggregate(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("aggregation")
-    g.add_argument("--flush-interval", type=seconds, default=5.0, metavar="DURATION",
+    g.add_argument("--flush-interval", type=seconds, default=_CORE.flush_interval, metavar="DURATION",
                    help="how often the kernel counters are read (default 5s, as SkyWalking Rover)")
-    g.add_argument("--exited-grace", type=seconds, default=60.0, metavar="DURATION",
+    g.add_argument("--exited-grace", type=seconds, default=_CORE.aggregate.exited_grace_seconds, metavar="DURATION",
                    help="how long an exited process stays in the outputs (default 1m)")
-    g.add_argument("--history", type=seconds, default=900.0, metavar="DURATION",
+    g.add_argument("--history", type=seconds, default=_CORE.history_seconds, metavar="DURATION",
                    help="snapshots kept in memory for /flamegraph (default 15m)")
 
 
@@ -256,16 +263,11 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
 # -- wiring ---------------------------------------------------------------------------------
 
 
-def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from offcpu_exporter.aggregate import AggregateConfig, Aggregator
-    from offcpu_exporter.pipeline import Pipeline
-    from offcpu_exporter.probe.loader import Probe, ProbeConfig
-    from offcpu_exporter.symbols import Symbolizer
-    from offcpu_exporter.targets import ProcessTable, TargetRules
-
-    own = os.getpid()
-    enrich, predicate = _kubernetes(options)
-    probe = Probe(ProbeConfig(
+def core_config(options: argparse.Namespace,
+                predicate: Callable[[ProcessInfo], bool] | None = None) -> CoreConfig:
+    """The core's configuration from `serve`'s or `record`'s options (`predicate`: the Kubernetes
+    selection)."""
+    probe = ProbeConfig(
         attach=options.attach,
         per_thread=options.per_thread,
         watch_all=options.all,
@@ -281,22 +283,32 @@ def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
         run_time_stats=options.bpf_stats == "on",
         unwind=options.unwind_tables != "off",
         unwind_cache_dir=options.unwind_cache_dir or None,
-    ))
+    )
     rules = TargetRules(pids=tuple(options.pid), comm=options.comm, cmdline=options.cmdline,
                         watch_all=options.all, follow_children=options.follow_children, predicate=predicate)
-    processes = ProcessTable(rules, exclude=(own,), enrich=enrich)
-    problems = processes.start()
-    if problems and len(problems) == len(rules.pids) and not (rules.scans or rules.watch_all):
-        raise StartupError("; ".join(problems))
-    for problem in problems:
+    return CoreConfig(
+        probe=probe, rules=rules,
+        aggregate=replace(_CORE.aggregate, exited_grace_seconds=getattr(options, "exited_grace",
+                                                                        _CORE.aggregate.exited_grace_seconds)),
+        flush_interval=getattr(options, "flush_interval", _CORE.flush_interval),
+        targets_interval=options.targets_interval,
+        history_seconds=getattr(options, "history", _CORE.history_seconds),
+        unwind_tables=options.unwind_tables,
+    )
+
+
+def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from offcpu_exporter.core import build_core
+
+    enrich, predicate = _kubernetes(options)
+    config = core_config(options, predicate)
+    core = build_core(config, enrich=enrich)
+    rules = config.rules
+    if core.problems and len(core.problems) == len(rules.pids) and not (rules.scans or rules.watch_all):
+        raise StartupError("; ".join(core.problems))
+    for problem in core.problems:
         log.error("%s; watching the other targets", problem)
-    aggregator = Aggregator(probe, Symbolizer(), processes, AggregateConfig(
-        exited_grace_seconds=getattr(options, "exited_grace", 60.0)))
-    pipeline = Pipeline(probe, aggregator, processes, flush_interval=getattr(options, "flush_interval", 5.0),
-                        targets_interval=options.targets_interval,
-                        history_seconds=getattr(options, "history", 900.0), exclude=(own,),
-                        unwind_tables=options.unwind_tables)
-    return probe, pipeline
+    return core.probe, core.pipeline
 
 
 def _kubernetes(options: argparse.Namespace):  # type: ignore[no-untyped-def]

@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import Probe, StartEntry, ktime_ns
+from offcpu_exporter.probe.loader import StartEntry, ktime_ns
+from offcpu_exporter.probe.maps import KernelMaps
 from offcpu_exporter.snapshot import Reason
 
 __all__ = ["Credit", "InProgress"]
@@ -58,7 +59,7 @@ class Credit:
 class InProgress:
     """The marks protocol's user half: what has been counted of each block in progress."""
 
-    def __init__(self, probe: Probe, *, proc_root: str = "/proc") -> None:
+    def __init__(self, probe: KernelMaps, *, proc_root: str = "/proc") -> None:
         self.probe = probe
         self.proc_root = proc_root
         self._counted: dict[int, tuple[int, int]] = {}  # tid -> (block start, counted until)

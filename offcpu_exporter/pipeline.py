@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from offcpu_exporter import heap
 from offcpu_exporter.aggregate import Aggregator
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import Probe
+from offcpu_exporter.probe.maps import KernelMaps
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks import Sink
 from offcpu_exporter.snapshot import ProcessKey, Snapshot
-from offcpu_exporter.targets import ProcessTable
+from offcpu_exporter.targets import Exec, ProcessEvent, ProcessTable, Replaced
 from offcpu_exporter.unwind.describer import Describer
 
 __all__ = ["Pipeline"]
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 class Pipeline:
-    def __init__(self, probe: Probe, aggregator: Aggregator, processes: ProcessTable, *,
+    def __init__(self, probe: KernelMaps, aggregator: Aggregator, processes: ProcessTable, *,
                  flush_interval: float = 5.0, targets_interval: float = 1.0,
                  history_seconds: float = 900.0, exclude: Sequence[int] = (),
                  unwind_tables: str = "auto") -> None:
@@ -38,7 +38,7 @@ class Pipeline:
         self._exclude = tuple(exclude)
         self._history: collections.deque[Snapshot] = collections.deque()
         self._history_seconds = history_seconds
-        self._latest = aggregator.latest
+        self._latest = Snapshot.empty()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -92,22 +92,8 @@ class Pipeline:
         if added:
             log.info("watching %d new process(es): %s", len(added),
                      ", ".join(f"{p.comm}[{p.pid}]" for p in added[:10]))
-        # A pid held by a new process: what the kernel counted under it so far is the old one's.
-        for pid, old in list(self._prepared.items()):
-            current = self.processes.info(pid)
-            if current is not None and current.key != old:
-                self.aggregator.process_replaced(old)
-                del self._prepared[pid]
-                if self.describer is not None:
-                    self.describer.forget(pid)
-        for info in self.processes.take_execs():
-            # Stacks counted in the moment between the exec and this scan may be named from the new
-            # program's maps; from here on they all are.
-            log.info("%s[%d] exec'd %s: reading its maps again", info.comm, info.pid, info.exe)
-            self.aggregator.forget_program(info.pid)
-            self._prepared.pop(info.pid, None)
-            if self.describer is not None:
-                self.describer.forget(info.pid)
+        for event in self.processes.take_events():
+            self._apply(event)
         self._sync_kernel_filter()
         # After the filter, so that the kernel counts while a big binary's symbols load: read each
         # new target's mappings while it is alive, since it may exit before its first flush.
@@ -116,7 +102,7 @@ class Pipeline:
             prepared = self._prepared.get(pid)
             if current is None or prepared == current.key:
                 continue
-            self.aggregator.symbolizer.prepare(pid)
+            self.aggregator.prepare(pid)
             self._prepared[pid] = current.key
             if self.describer is not None and (self.unwind_tables == "all" or not self.probe.config.watch_all):
                 self.describer.want(pid)
@@ -124,6 +110,21 @@ class Pipeline:
             del self._prepared[pid]  # expired: the aggregator has dropped what named it
             if self.describer is not None:
                 self.describer.forget(pid)
+
+    def _apply(self, event: ProcessEvent) -> None:
+        """The one place that acts on what happened to a process (ProcessTable reports it)."""
+        pid = event.info.pid if isinstance(event, Exec) else event.new.pid
+        if isinstance(event, Replaced):
+            # What the kernel counted under the pid so far is the old process's.
+            self.aggregator.process_replaced(event.old)
+        else:
+            # Stacks counted in the moment between the exec and this scan may be named from the new
+            # program's maps; from here on they all are.
+            log.info("%s[%d] exec'd %s: reading its maps again", event.info.comm, pid, event.info.exe)
+            self.aggregator.forget_program(pid)
+        self._prepared.pop(pid, None)  # prepared again below, as the process it is now
+        if self.describer is not None:
+            self.describer.forget(pid)
 
     def _sync_kernel_filter(self) -> None:
         kernel = self.probe.kernel_targets()
@@ -219,7 +220,7 @@ class Pipeline:
         self._start_describer()
         with self._lock:
             if self._latest.sequence == 0:
-                self._latest = self.aggregator.before_first_flush()
+                self._latest = self.aggregator.initial_snapshot()
         self._thread = threading.Thread(target=self.run, name="offcpu-pipeline", daemon=True)
         self._thread.start()
 

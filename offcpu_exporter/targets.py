@@ -20,8 +20,8 @@ from offcpu_exporter.k8s.selection import WorkloadSelector
 from offcpu_exporter.procstat import parse_stat
 from offcpu_exporter.snapshot import ProcessInfo, ProcessKey
 
-__all__ = ["ProcessTable", "TargetRules", "kubernetes_enricher", "kubernetes_predicate", "parse_stat",
-           "read_process"]
+__all__ = ["Exec", "ProcessEvent", "ProcessTable", "Replaced", "TargetRules", "kubernetes_enricher",
+           "kubernetes_predicate", "parse_stat", "read_process"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,24 @@ class _Entry:
     exited_at: float | None = None
 
 
+@dataclass(frozen=True)
+class Exec:
+    """A watched process ran execve(): same identity, another program (other maps, other names)."""
+
+    info: ProcessInfo  # as it is now
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """A new process holds the pid of one that exited (and is still known)."""
+
+    old: ProcessKey
+    new: ProcessInfo
+
+
+ProcessEvent = Exec | Replaced
+
+
 class ProcessTable:
     """The processes the exporter knows: watched targets, and (with --all or followed children)
     processes first seen in the kernel's counters. Keeps exited ones for a grace period so their
@@ -115,7 +133,7 @@ class ProcessTable:
         self._exited: dict[ProcessKey, _Entry] = {}  # exited, kept for the grace period
         self._last_exited: dict[int, ProcessKey] = {}  # pid -> the most recent exited holder
         self._pinned: dict[int, ProcessKey | None] = {}  # --pid: the identity asked for
-        self._execs: list[ProcessInfo] = []  # exec'd a new program since take_execs()
+        self._events: list[ProcessEvent] = []  # since take_events()
         self.problems: dict[str, int] = {}
 
     # -- what is watched -------------------------------------------------------------------
@@ -169,7 +187,7 @@ class ProcessTable:
                 entry.info = replace(
                     entry.info, comm=current.comm, exe=current.exe, cmdline=cmdline.cmdline if cmdline else ()
                 )
-                self._execs.append(entry.info)
+                self._events.append(Exec(entry.info))
             elif not entry.info.pod:
                 # Pod names arrive once the pod list has caught up with a new pod, and a process seen
                 # while its runtime was still moving it into the container's cgroup gets its container
@@ -186,12 +204,18 @@ class ProcessTable:
                 if self._matches(info):
                     self._by_pid[info.pid] = _Entry(info, watched=True)
                     added.append(info)
+                    self._note_reuse(info)
         return added, exited
 
-    def take_execs(self) -> list[ProcessInfo]:
-        """Live processes that exec'd another program since the last call, as they are now."""
-        execs, self._execs = self._execs, []
-        return execs
+    def take_events(self) -> list[ProcessEvent]:
+        """What happened to known processes since the last call (one consumer: the pipeline)."""
+        events, self._events = self._events, []
+        return events
+
+    def _note_reuse(self, info: ProcessInfo) -> None:
+        old = self._last_exited.get(info.pid)
+        if old is not None and old != info.key and old in self._exited:
+            self._events.append(Replaced(old, info))
 
     def _retire(self, pid: int, now: float) -> ProcessInfo:
         entry = self._by_pid.pop(pid)

@@ -9,12 +9,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from offcpu_exporter.aggregate import AggregateConfig, Aggregator
+from offcpu_exporter.aggregate import AggregateConfig
+from offcpu_exporter.core import CoreConfig, build_core
 from offcpu_exporter.pipeline import Pipeline
 from offcpu_exporter.probe.loader import Probe, ProbeConfig
 from offcpu_exporter.snapshot import Counter, Snapshot, StackSample
-from offcpu_exporter.symbols import Symbolizer
-from offcpu_exporter.targets import ProcessTable, TargetRules
+from offcpu_exporter.targets import TargetRules
 from tests.support.workloads import Workload, WorkloadResult
 
 ATTACH = os.environ.get("OFFCPU_ATTACH", "auto")
@@ -30,20 +30,20 @@ def running_pipeline(*, pids: tuple[int, ...] = (), comm: str | None = None, per
                      aggregate: AggregateConfig | None = None, probe: Probe | None = None) -> Iterator[Pipeline]:
     """A pipeline on a new probe, or on `probe` (a started one shared by several tests, which saves
     the compile: ~0.5 s here, ~25 s under the kernel matrix's emulation). A shared probe still holds
-    earlier tests' counters: they show up as exited processes, which tests select away by pid."""
+    earlier tests' counters: they show up as exited processes, which tests select away by pid.
+    Built by the same factory as the CLI's (offcpu_exporter.core)."""
+    config = probe_config or (probe.config if probe is not None else
+                              ProbeConfig(attach=ATTACH, per_thread=per_thread, follow_children=follow_children,
+                                          watch_all=watch_all))
+    rules = TargetRules(pids=pids, comm=re.compile(comm) if comm else None, watch_all=config.watch_all,
+                        follow_children=config.follow_children)
+    core = build_core(CoreConfig(probe=config, rules=rules, aggregate=aggregate or AggregateConfig(),
+                                 flush_interval=flush_interval, targets_interval=0.2), probe=probe)
     own_probe = probe is None
-    if probe is None:
-        config = probe_config or ProbeConfig(attach=ATTACH, per_thread=per_thread, follow_children=follow_children,
-                                             watch_all=watch_all)
-        probe = Probe(config)
-        probe.start()
-    rules = TargetRules(pids=pids, comm=re.compile(comm) if comm else None, watch_all=probe.config.watch_all,
-                        follow_children=probe.config.follow_children)
-    processes = ProcessTable(rules, exclude=(os.getpid(),))
-    processes.start()
-    aggregator = Aggregator(probe, Symbolizer(), processes, aggregate)
-    pipeline = Pipeline(probe, aggregator, processes, flush_interval=flush_interval, targets_interval=0.2,
-                        exclude=(os.getpid(),))
+    if own_probe:
+        assert isinstance(core.probe, Probe)
+        core.probe.start()
+    pipeline = core.pipeline
     pipeline.sync_targets()
     pipeline.start()
     try:
@@ -51,8 +51,8 @@ def running_pipeline(*, pids: tuple[int, ...] = (), comm: str | None = None, per
     finally:
         pipeline.stop()
         if own_probe:
-            probe.close()
-
+            assert isinstance(core.probe, Probe)
+            core.probe.close()
 
 
 def observe(workload: Workload, **pipeline_options: Any) -> tuple[WorkloadResult, Snapshot]:

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import CounterKey, CounterValue, ProbeConfig, StartEntry
+from offcpu_exporter.probe.maps import KernelMaps
+from offcpu_exporter.unwind import Unwinder
 
 
 def key(tgid: int, user: int, kernel: int, reason: int = 1, tid: int = 0) -> CounterKey:
@@ -19,7 +21,7 @@ def exact(blocks: int, ns: int) -> CounterValue:
     return CounterValue(blocks, ns, blocks, ns)
 
 
-class KernelMaps:
+class MemoryMaps:
     """Counters in `counts`, stacks in `stacks` (id -> addresses; freed ids are recorded in
     `deleted_stacks`), blocks in progress in `starts` (tid -> StartEntry), marks in `marks`."""
 
@@ -34,10 +36,11 @@ class KernelMaps:
         self._cutoff_ns = 0
         self.marks_active = False
         self.targets: dict[int, int] = {}  # the in-kernel filter: tgid -> layout.TARGET_*
-        self.mode, self.hooked, self.attached = "tracepoint", ("sched:sched_switch",), True
+        self.mode, self.attached = "tracepoint", True
+        self.hooked: tuple[str, ...] = ("sched:sched_switch",)
         self.attached_wall_ns = 0
         self.attached_ktime_ns = 0
-        self.unwinder = None  # user stacks with frame pointers only
+        self.unwinder: Unwinder | None = None  # user stacks with frame pointers only
 
     def read_counts(self) -> list[tuple[CounterKey, CounterValue]]:
         return list(self.counts.items())
@@ -145,3 +148,8 @@ class KernelMaps:
         w = block.weight if captured else 0
         self.counts[k] = CounterValue(old.blocks + 1, old.ns + delta, old.weighted_blocks + w,
                                       old.weighted_ns + w * delta)
+
+
+def _conforms(maps: MemoryMaps) -> KernelMaps:
+    """The stand-in satisfies the protocol the exporter is written against (checked by mypy)."""
+    return maps

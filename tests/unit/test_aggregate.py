@@ -19,7 +19,7 @@ from offcpu_exporter.probe.loader import CounterValue, StartEntry, ktime_ns
 from offcpu_exporter.snapshot import ZERO, Counter, Frame, FrameKind, Reason
 from offcpu_exporter.symbols import UNKNOWN
 from offcpu_exporter.targets import ProcessTable, TargetRules
-from tests.support.kernel_maps import KernelMaps, exact, key
+from tests.support.kernel_maps import MemoryMaps, exact, key
 
 
 class Names:
@@ -53,7 +53,7 @@ def proc(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _aggregator(proc: Path, kernel: KernelMaps, **config: float) -> Aggregator:
+def _aggregator(proc: Path, kernel: MemoryMaps, **config: float) -> Aggregator:
     table = ProcessTable(TargetRules(pids=(42,)), proc_root=str(proc))
     assert table.start() == []
     return Aggregator(kernel, Names(), table, AggregateConfig(**config))  # type: ignore[arg-type]
@@ -63,8 +63,8 @@ U1, U2, K1, K2 = 0x1001_0000, 0x1002_0000, 0x2001_0000, 0x2002_0000  # stack ids
 KEY = key(42, U1, K1)
 
 
-def _kernel(**config: object) -> KernelMaps:
-    kernel = KernelMaps(**config)
+def _kernel(**config: object) -> MemoryMaps:
+    kernel = MemoryMaps(**config)
     kernel.stacks = {U1: (0x10, 0x20), U2: (0x30,), K1: (0xA, 0xB), K2: (0xC,)}
     return kernel
 
@@ -174,13 +174,10 @@ def test_a_counter_created_while_its_stack_was_freed_keeps_its_frames(proc: Path
     agg.flush()
     assert {U1, U2, K1, K2} <= kernel.deleted_stacks
     kernel.counts[KEY] = exact(1, 100)
-    (sample,) = agg.flush().samples
+    snap = agg.flush()
+    (sample,) = snap.samples
     assert _names(sample) == (("u10", "u1f"), ("ka", "kb"))
-    assert not snapshot_lost(agg)
-
-
-def snapshot_lost(agg: Aggregator) -> dict[str, int]:
-    return dict(agg.latest.health.lost_stacks)
+    assert not snap.health.lost_stacks
 
 
 def test_stacks_of_blocks_in_progress_are_not_freed(proc: Path) -> None:
@@ -192,7 +189,7 @@ def test_stacks_of_blocks_in_progress_are_not_freed(proc: Path) -> None:
 
 
 def test_full_map_is_drained_at_the_high_water_mark(proc: Path) -> None:
-    kernel = KernelMaps(max_counts=10)
+    kernel = MemoryMaps(max_counts=10)
     kernel.stacks = {0x5000 + i: (i,) for i in range(20)}
     agg = _aggregator(proc, kernel, high_water=0.8, age_after=100)
     for i in range(8):
@@ -220,7 +217,7 @@ def test_new_exporter_run_starts_from_zero(proc: Path) -> None:
     kernel.counts[KEY] = exact(3, 300)
     first = _aggregator(proc, kernel)
     first.flush()
-    restarted = _aggregator(proc, KernelMaps())  # a new run loads a new program with empty maps
+    restarted = _aggregator(proc, MemoryMaps())  # a new run loads a new program with empty maps
     snap = restarted.flush()
     assert snap.samples == ()
     assert snap.sequence == 1
@@ -243,8 +240,8 @@ class LateMapping(Names):
         return tuple(UNKNOWN if a == 0x1f and not self.mapped else Frame(f"u{a:x}") for a in addresses)
 
 
-def _late_mapping_aggregator(proc: Path) -> tuple[KernelMaps, LateMapping, Aggregator]:
-    kernel = KernelMaps()
+def _late_mapping_aggregator(proc: Path) -> tuple[MemoryMaps, LateMapping, Aggregator]:
+    kernel = MemoryMaps()
     kernel.stacks = {U1: (0x10, 0x20), K1: (0xA,)}
     names = LateMapping()
     table = ProcessTable(TargetRules(pids=(42,)), proc_root=str(proc))
@@ -298,10 +295,10 @@ def test_unmapped_stacks_are_given_up_on_after_the_window(proc: Path, monkeypatc
 
 def test_before_the_first_flush_the_snapshot_says_the_probe_is_attached(proc: Path) -> None:
     # A scrape right after start must not read as "probe not attached" (an alert) for a flush interval.
-    agg = _aggregator(proc, KernelMaps())
-    first = agg.before_first_flush()
+    agg = _aggregator(proc, MemoryMaps())
+    first = agg.initial_snapshot()
     health = first.health
-    assert first is agg.latest and first.sequence == 0 and not first.samples
+    assert first.sequence == 0 and not first.samples
     assert (health.probe_attached, health.attach_mode, health.targets) == (True, "tracepoint", 1)
     assert health.map_capacity and health.flushes == 0
 
@@ -319,10 +316,11 @@ def test_blocks_in_progress_count_up_to_the_flush_and_show_as_blocked_now(proc: 
     blocked = snap.processes[sample.process].blocked[Reason.UNINTERRUPTIBLE]
     assert blocked.threads == 1 and 2.0 <= blocked.longest_seconds < 2.5
     kernel.switch_in(42, ktime_ns())  # it ends: the kernel counts it from the flush on
-    (sample,) = agg.flush().samples
+    snap = agg.flush()
+    (sample,) = snap.samples
     assert sample.total.count == 1
     assert sample.total.ns == pytest.approx(ktime_ns() - started, abs=300_000_000)
-    assert agg.latest.processes[sample.process].blocked == {}
+    assert snap.processes[sample.process].blocked == {}
 
 
 def test_a_final_flush_ends_the_window(proc: Path) -> None:

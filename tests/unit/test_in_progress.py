@@ -11,13 +11,13 @@ import pytest
 from offcpu_exporter.in_progress import InProgress
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import StartEntry
-from tests.support.kernel_maps import KernelMaps
+from tests.support.kernel_maps import MemoryMaps
 
 TID = 7
 STACK = 0x1234_5678
 
 
-class Racing(KernelMaps):
+class Racing(MemoryMaps):
     """Ends thread TID's block at `end` at one point of the flush: "before_marks" (between the first
     read and the marks' write) or "after_marks" (between the write and the second read)."""
 
@@ -33,7 +33,7 @@ class Racing(KernelMaps):
             self.switch_in(TID, self.end)
 
 
-def _counted(kernel: KernelMaps, credited: int) -> int:
+def _counted(kernel: MemoryMaps, credited: int) -> int:
     return credited + sum(v.ns for v in kernel.counts.values())
 
 
@@ -55,7 +55,7 @@ def test_a_block_that_ends_during_a_flush_is_counted_once(when: str) -> None:
 
 
 def test_a_block_that_ends_between_flushes_is_counted_once() -> None:
-    kernel = KernelMaps(per_thread=True)
+    kernel = MemoryMaps(per_thread=True)
     kernel.starts[TID] = StartEntry(1_000, 42, 1, STACK, STACK, 1)
     progress = InProgress(kernel)  # type: ignore[arg-type]
     credits = [c.ns for c in progress.credit(2_000)[0] + progress.credit(3_000)[0]]
@@ -80,7 +80,7 @@ def test_a_new_block_of_the_same_thread_is_not_charged_with_the_old_mark() -> No
 
 
 def test_blocks_shorter_than_min_block_so_far_are_not_counted_yet() -> None:
-    kernel = KernelMaps(per_thread=True, min_block_ns=10_000)
+    kernel = MemoryMaps(per_thread=True, min_block_ns=10_000)
     kernel.starts[TID] = StartEntry(1_000, 42, 1, STACK, STACK, 1)
     progress = InProgress(kernel)  # type: ignore[arg-type]
     assert progress.credit(5_000)[0] == []  # 4,000 so far: it may still end below 10,000
@@ -89,7 +89,7 @@ def test_blocks_shorter_than_min_block_so_far_are_not_counted_yet() -> None:
 
 def test_nothing_is_credited_with_max_block() -> None:
     # Whether a block counts at all is known only when it ends.
-    kernel = KernelMaps(per_thread=True, max_block_ns=1_000_000)
+    kernel = MemoryMaps(per_thread=True, max_block_ns=1_000_000)
     kernel.starts[TID] = StartEntry(1_000, 42, 1, STACK, STACK, 1)
     credits, blocked = InProgress(kernel).credit(5_000)  # type: ignore[arg-type]
     assert credits == [] and TID in blocked and not kernel.marks
@@ -108,7 +108,7 @@ def test_threads_off_cpu_when_watching_begins_are_seeded(tmp_path: Path) -> None
     _task(tmp_path, 50, 51, "D", 9)
     _task(tmp_path, 50, 52, "R", 1)  # running or runnable: the probe sees its next switch-out
     _task(tmp_path, 50, 54, "S", 1, wchan="0")  # set to sleep, but still on its run queue
-    kernel = KernelMaps(per_thread=True)
+    kernel = MemoryMaps(per_thread=True)
     kernel.starts[53] = StartEntry(5, 50, 1, STACK, STACK, 1)  # the probe's own: kept
     _task(tmp_path, 50, 53, "S", 4)
     assert InProgress(kernel, proc_root=str(tmp_path)).seed(50) == 2  # type: ignore[arg-type]
@@ -119,7 +119,7 @@ def test_threads_off_cpu_when_watching_begins_are_seeded(tmp_path: Path) -> None
 def test_a_thread_that_runs_while_it_is_seeded_is_not_seeded(tmp_path: Path) -> None:
     _task(tmp_path, 50, 50, "S", 3)
 
-    class Woken(KernelMaps):
+    class Woken(MemoryMaps):
         def seed_start(self, tid: int, entry: StartEntry) -> bool:
             stored = super().seed_start(tid, entry)
             _task(tmp_path, 50, 50, "S", 4)  # it ran (and slept again) meanwhile

@@ -3,7 +3,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from offcpu_exporter.targets import ProcessTable, TargetRules, parse_stat
+from offcpu_exporter.targets import Exec, ProcessTable, Replaced, TargetRules, parse_stat
 
 
 def _proc(root: Path, pid: int, comm: str, start: int, tgid: int | None = None) -> None:
@@ -65,12 +65,27 @@ def test_exec_is_reported_once_and_a_deleted_binary_is_not_an_exec(tmp_path: Pat
     assert table.start() == []
     _exe(tmp_path, 10, "/opt/app/launcher (deleted)")  # upgraded on disk while running
     table.refresh(now=0.0)
-    assert table.take_execs() == []
+    assert table.take_events() == []
     _proc(tmp_path, 10, "server", 100)  # execve: same pid and start time, new program
     _exe(tmp_path, 10, "/opt/app/server")
     assert table.refresh(now=1.0) == ([], [])
-    (info,) = table.take_execs()
+    (event,) = table.take_events()
+    assert isinstance(event, Exec)
+    info = event.info
     assert (info.comm, info.exe, info.key.start_ticks) == ("server", "/opt/app/server", 100)
     assert table.info(10) == info and table.watched_pids() == {10}
     table.refresh(now=2.0)
-    assert table.take_execs() == []
+    assert table.take_events() == []
+
+
+def test_a_reused_pid_is_reported_with_the_process_that_held_it(tmp_path: Path) -> None:
+    _proc(tmp_path, 10, "worker", 100)
+    table = ProcessTable(TargetRules(comm=re.compile("^worker$")), proc_root=str(tmp_path))
+    table.refresh(now=0.0)
+    _proc(tmp_path, 10, "worker", 555)  # it exited; a new worker has its pid
+    table.refresh(now=1.0)  # the old one's exit is seen
+    table.refresh(now=2.0)  # the new one is found
+    events = table.take_events()
+    assert [type(e) for e in events] == [Replaced]
+    assert (events[0].old.start_ticks, events[0].new.key.start_ticks) == (100, 555)
+    assert table.take_events() == []

@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from offcpu_exporter.aggregate import Aggregator
+from offcpu_exporter.core import CoreConfig, build_core
 from offcpu_exporter.pipeline import Pipeline
 from offcpu_exporter.probe import layout
 from offcpu_exporter.snapshot import Reason
-from offcpu_exporter.symbols import Symbolizer
-from offcpu_exporter.targets import ProcessTable, TargetRules
+from offcpu_exporter.targets import TargetRules
 from tests.e2e.symbols.programs import Program, compile_c
-from tests.support.kernel_maps import KernelMaps, exact
+from tests.support.kernel_maps import MemoryMaps, exact
 from tests.support.kernel_maps import key as stack_key
 
 
@@ -30,10 +29,10 @@ def test_stacks_after_an_exec_are_named_from_the_new_program(
     second = compile_c(tmp_path / "second", "symbols_exec.c", "-no-pie", "-DWAIT_NAME=second_program_wait")
     program = run(first)
     address = program.addresses["wait_function"]
-    kernel = KernelMaps()
-    table = ProcessTable(TargetRules(pids=(program.pid,)))
-    assert table.start() == []
-    pipeline = Pipeline(kernel, Aggregator(kernel, Symbolizer(), table), table)  # type: ignore[arg-type]
+    kernel = MemoryMaps()
+    core = build_core(CoreConfig(rules=TargetRules(pids=(program.pid,))), probe=kernel)
+    assert core.problems == []
+    table, pipeline = core.processes, core.pipeline
     pipeline.sync_targets()
 
     no_kernel_stack = layout.STACK_ERRNO_BASE + 14  # -EFAULT

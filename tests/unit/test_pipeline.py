@@ -1,0 +1,141 @@
+"""The pipeline on the in-memory kernel maps: targets reach the kernel filter, every flush reaches
+every sink (a failing one does not stop the others), what happened to a process is acted on once,
+and the last flush ends the window."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from offcpu_exporter.aggregate import Aggregator
+from offcpu_exporter.pipeline import Pipeline
+from offcpu_exporter.probe import layout
+from offcpu_exporter.probe.loader import ktime_ns
+from offcpu_exporter.sinks import SinkStats
+from offcpu_exporter.snapshot import Counter, Snapshot
+from offcpu_exporter.targets import ProcessTable, TargetRules
+from tests.support.kernel_maps import MemoryMaps, exact, key
+from tests.unit.test_aggregate import Names
+
+U, K = 0x1_0000, 0x2_0000
+
+
+def _process(root: Path, pid: int, comm: str, start: int) -> None:
+    d = root / str(pid)
+    (d / "task" / str(pid)).mkdir(parents=True, exist_ok=True)
+    (d / "stat").write_text(f"{pid} ({comm}) S 1 " + " ".join(["0"] * 17) + f" {start} 0 0\n")
+    (d / "status").write_text(f"Name:\t{comm}\nTgid:\t{pid}\n")
+    task = d / "task" / str(pid)
+    (task / "stat").write_text(f"{pid} ({comm}) S 1 " + "0 " * 40 + "\n")
+    (task / "schedstat").write_text("100 200 7\n")
+    (task / "wchan").write_text("do_nanosleep")
+
+
+class Recorder:
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.stats = SinkStats()
+        self.snapshots: list[Snapshot] = []
+        self.closed = False
+
+    def publish(self, snapshot: Snapshot) -> None:
+        self.snapshots.append(snapshot)
+
+    def close(self, timeout: float) -> None:
+        self.closed = True
+
+
+class Broken(Recorder):
+    name = "broken"
+
+    def publish(self, snapshot: Snapshot) -> None:
+        raise RuntimeError("collector down")
+
+
+def _pipeline(root: Path, kernel: MemoryMaps) -> Pipeline:
+    table = ProcessTable(TargetRules(comm=re.compile("^app$")), proc_root=str(root))
+    aggregator = Aggregator(kernel, Names(), table)  # type: ignore[arg-type]
+    aggregator.in_progress.proc_root = str(root)
+    return Pipeline(kernel, aggregator, table, flush_interval=3600, targets_interval=3600)
+
+
+def test_targets_reach_the_kernel_filter_and_their_blocked_threads_are_seeded(tmp_path: Path) -> None:
+    _process(tmp_path, 42, "app", 100)
+    _process(tmp_path, 43, "other", 100)
+    kernel = MemoryMaps(per_thread=True)
+    pipeline = _pipeline(tmp_path, kernel)
+    pipeline.sync_targets()
+    assert kernel.targets == {42: layout.TARGET_WATCH}
+    (seeded,) = kernel.starts.values()
+    assert (seeded.tgid, seeded.user_stack) == (42, layout.STACK_SEEDED)
+    (tmp_path / "42" / "stat").unlink()  # it exits: the kernel drops it at once (sched_process_exit)
+    del kernel.targets[42]
+    pipeline.sync_targets()
+    assert kernel.targets == {}  # not added again
+
+
+def test_every_flush_reaches_every_sink_and_a_broken_one_is_counted(tmp_path: Path) -> None:
+    _process(tmp_path, 42, "app", 100)
+    kernel = MemoryMaps()
+    kernel.stacks = {U: (0x10,), K: (0x20,)}
+    pipeline = _pipeline(tmp_path, kernel)
+    good, broken = Recorder(), Broken()
+    pipeline.sinks = [broken, good]
+    pipeline.sync_targets()
+    kernel.counts[key(42, U, K)] = exact(2, 2_000)
+    first = pipeline.flush()
+    kernel.counts[key(42, U, K)] = exact(3, 5_000)
+    second = pipeline.flush()
+    assert good.snapshots == [first, second] and pipeline.latest() is second
+    assert broken.stats.get("failed") == 2
+    # (its thread's wait since it was watched is counted too, under the seeded placeholder)
+    assert [s.increase for s in second.samples if s.process.pid == 42 and s.stack.user[0].name == "u10"] == [
+        Counter(1, 3_000)]
+    assert pipeline.history(3600) == [first, second]
+
+
+def test_the_last_flush_ends_the_window_and_closes_the_sinks(tmp_path: Path) -> None:
+    _process(tmp_path, 42, "app", 100)
+    kernel = MemoryMaps(per_thread=True)
+    kernel.stacks = {U: (0x10,), K: (0x20,)}
+    pipeline = _pipeline(tmp_path, kernel)
+    sink = Recorder()
+    pipeline.sinks = [sink]
+    pipeline.sync_targets()
+    kernel.starts.clear()
+    started = ktime_ns() - 2_000_000_000
+    kernel.starts[42] = kernel.starts.get(42) or _block(started)
+    end = ktime_ns() - 1_000_000_000  # the window ended a second ago
+    pipeline.end_window_at(end)
+    pipeline.start()
+    pipeline.stop()
+    last = sink.snapshots[-1]
+    assert sink.closed
+    (sample,) = [s for s in last.samples if s.process.pid == 42]
+    assert sample.total.ns == end - started  # counted up to the window's end, not to the stop
+    assert kernel.cutoff_ns == 0  # lifted after the last flush
+
+
+def test_a_reused_pid_is_acted_on_once(tmp_path: Path) -> None:
+    _process(tmp_path, 42, "app", 100)
+    kernel = MemoryMaps()
+    kernel.stacks = {U: (0x10,), K: (0x20,)}
+    pipeline = _pipeline(tmp_path, kernel)
+    pipeline.sync_targets()
+    kernel.counts[key(42, U, K)] = exact(1, 100)
+    old = pipeline.flush().samples[0].process
+    kernel.counts[key(42, U, K)] = exact(2, 300)  # its last block, not read yet
+    _process(tmp_path, 42, "app", 999)  # exits; a new app holds the pid
+    pipeline.sync_targets()
+    assert key(42, U, K) not in kernel.counts  # taken out for the old process
+    totals = {s.process: s.total for s in pipeline.flush().samples}
+    assert totals[old] == Counter(2, 300)
+    new = next(k for k in totals if k != old)
+    assert new.start_ticks == 999 and totals[new].count == 0  # only its wait since it was watched
+
+
+def _block(ts: int):  # type: ignore[no-untyped-def]
+    from offcpu_exporter.probe.loader import StartEntry
+
+    return StartEntry(ts, 42, 1, U, K, 1)
