@@ -5,6 +5,7 @@ sampled estimates split over stacks, blocks in progress, stacks freed."""
 from __future__ import annotations
 
 import errno
+import time
 import re
 from pathlib import Path
 
@@ -435,3 +436,15 @@ def test_a_freed_stack_stays_named_while_a_long_block_references_it(proc: Path) 
     kernel.switch_in(42, ktime_ns())
     names = {_names(s) for s in agg.flush().samples}
     assert names == {(("u10", "u1f"), ("ka", "kb"))}, names
+
+
+def test_the_first_interval_starts_when_the_probe_was_attached(proc: Path) -> None:
+    """Outputs that cover an interval (OTLP profiles' time and duration, pprof, record) must not
+    cover time before the probe counted: the aggregator may be made well before the attach."""
+    kernel = _kernel()
+    agg = _aggregator(proc, kernel)
+    kernel.attached_wall_ns = time.time_ns()  # the probe attaches after the aggregator was made
+    kernel.counts[KEY] = exact(1, 100)
+    snap = agg.flush()
+    assert snap.interval_start_ns == snap.start_time_ns == kernel.attached_wall_ns
+    assert agg.initial_snapshot().start_time_ns == kernel.attached_wall_ns
