@@ -52,7 +52,12 @@
 #define OFFCPU_KEEP_EVENT 1
 #define OFFCPU_MAX_SHIFT 16 /* captures 1 in 65536 at most: keeps weight * ns inside 64 bits */
 
-BPF_HASH(targets, u32, u8, MAX_TARGETS);
+/* Per pid, arrays (a lookup is an inlined index, no hash): whether the process is watched
+ * (OFFCPU_TARGET_*), and whether the thread has an entry in `start` (off CPU now). Every context
+ * switch on the machine reads both; most of them are of threads nobody watches. MAX_PIDS is the
+ * kernel's pid_max; a pid beyond it (pid_max raised later) reads as absent. */
+BPF_ARRAY(targets, u8, MAX_PIDS);
+BPF_ARRAY(off_cpu, u8, MAX_PIDS);
 BPF_HASH(children, u32, struct offcpu_child, MAX_TARGETS);
 BPF_HASH(start, u32, struct offcpu_start, MAX_THREADS);
 BPF_HASH(marks, u32, struct offcpu_mark, MAX_THREADS);
@@ -62,7 +67,7 @@ BPF_HASH(stacks, u64, struct offcpu_stack, STACK_STORAGE);
 BPF_PERCPU_ARRAY(scratch, struct offcpu_stack, 1);
 BPF_ARRAY(control, struct offcpu_control, 1);
 BPF_PERCPU_ARRAY(stats, u64, OFFCPU_STAT_MAX);
-BPF_PERCPU_ARRAY(pending, struct offcpu_start, 1); /* the start entry being built (switch_out()) */
+BPF_PERCPU_ARRAY(building, struct offcpu_start, 1); /* the start entry being built (switch_out()) */
 #if STACK_SAMPLING
 /* LRU: threads that stop being watched (their process left the targets) never switch out as
  * watched again, so nothing would delete their entries; the LRU map evicts them instead. */
@@ -87,6 +92,20 @@ static __always_inline int is_target(u32 tgid)
 #else
 	return t != NULL && *t == OFFCPU_TARGET_WATCH;
 #endif
+}
+
+/* Whether `start` may hold an entry for thread `tid` (a pid beyond MAX_PIDS: look it up). */
+static __always_inline int maybe_off_cpu(u32 tid)
+{
+	u8 *o = off_cpu.lookup(&tid);
+	return o == NULL || *o;
+}
+
+static __always_inline void mark_off_cpu(u32 tid, u8 value)
+{
+	u8 *o = off_cpu.lookup(&tid);
+	if (o)
+		*o = value;
 }
 
 /* Stores the stack in the per-CPU scratch buffer (n frames, leaf first) under a hash of its frames.
@@ -233,7 +252,7 @@ static __always_inline void switch_out(void *ctx, u32 tid, u32 tgid, u32 reason,
 	/* Built in map memory (per CPU), which the verifier does not track value by value: whatever
 	 * path led here, one state reaches the stack walks (see capture_at_switch_in()). */
 	int zero = 0;
-	struct offcpu_start *s = pending.lookup(&zero);
+	struct offcpu_start *s = building.lookup(&zero);
 	if (!s)
 		return;
 	s->ts_ns = now;
@@ -249,6 +268,8 @@ static __always_inline void switch_out(void *ctx, u32 tid, u32 tgid, u32 reason,
 	}
 	if (start.update(&tid, s) != 0)
 		stat_add(OFFCPU_STAT_START_DROPPED, 1);
+	else
+		mark_off_cpu(tid, 1);
 }
 
 /* The last switch-out of a thread that exited (do_task_dead()): it never runs again, so nothing
@@ -259,6 +280,7 @@ static __always_inline void switch_out(void *ctx, u32 tid, u32 tgid, u32 reason,
 static __always_inline void forget_thread(u32 tid)
 {
 	start.delete(&tid);
+	mark_off_cpu(tid, 0);
 	marks.delete(&tid);
 #if STACK_SAMPLING
 	sampler.delete(&tid);
@@ -351,6 +373,7 @@ static __always_inline void switch_in(struct offcpu_start *s, u32 tid, u64 now, 
 		stat_add(OFFCPU_STAT_HIST_DROPPED, 1);
 done:
 	start.delete(&tid);
+	mark_off_cpu(tid, 0);
 }
 
 static __always_inline struct offcpu_control *control_now(void)
@@ -417,7 +440,7 @@ int offcpu_finish_task_switch(struct pt_regs *ctx, struct task_struct *prev)
 {
 	u64 now = bpf_ktime_get_ns();
 	u32 tid = bpf_get_current_pid_tgid();
-	struct offcpu_start *s = start.lookup(&tid);
+	struct offcpu_start *s = maybe_off_cpu(tid) ? start.lookup(&tid) : NULL;
 	int zero = 0;
 	struct capture *cap = captures.lookup(&zero);
 	if (s && cap) {
@@ -460,25 +483,28 @@ static __always_inline u32 reason_of_tracepoint_state(long state)
 
 TRACEPOINT_PROBE(sched, sched_switch)
 {
-	u64 now = bpf_ktime_get_ns();
-	struct offcpu_control *ctl = control_now();
+	u64 now = 0; /* read only when a watched thread is involved: most switches are of others */
 	u64 id = bpf_get_current_pid_tgid(); /* current is still prev here */
 	u32 tgid = id >> 32;
 
 	/* next first, then prev: the stack walks come last, with little after them to verify again
 	 * for each way they can end. */
 	u32 next = args->next_pid;
-	struct offcpu_start *s = start.lookup(&next);
+	struct offcpu_start *s = maybe_off_cpu(next) ? start.lookup(&next) : NULL;
 	if (s) {
+		now = bpf_ktime_get_ns();
 		struct capture cap = {s->user_stack, s->kernel_stack, s->weight};
-		switch_in(s, next, now, ctl, &cap);
+		switch_in(s, next, now, control_now(), &cap);
 	}
 
 	long state = args->prev_state;
-	if ((state & 0xff) && (state & 0x30)) /* exit_state reported: the task is dead */
+	if ((state & 0xff) && (state & 0x30)) { /* exit_state reported: the task is dead */
 		forget_thread((u32)id);
-	else if (is_target(tgid))
-		switch_out(args, (u32)id, tgid, reason_of_tracepoint_state(state), now, ctl, 1);
+	} else if (is_target(tgid)) {
+		if (!now)
+			now = bpf_ktime_get_ns();
+		switch_out(args, (u32)id, tgid, reason_of_tracepoint_state(state), now, control_now(), 1);
+	}
 	return OFFCPU_KEEP_EVENT;
 }
 #endif
@@ -526,25 +552,28 @@ static __always_inline u32 reason_of_raw_state(u64 preempt, u64 state)
 
 RAW_TRACEPOINT_PROBE(sched_switch)
 {
-	u64 now = bpf_ktime_get_ns();
-	struct offcpu_control *ctl = control_now();
+	u64 now = 0; /* read only when a watched thread is involved: most switches are of others */
 	u64 id = bpf_get_current_pid_tgid(); /* current is still prev here */
 	u32 tgid = id >> 32;
 
 	/* next first, then prev: see the perf-event tracepoint's handler. */
 	u32 next = 0;
 	bpf_probe_read_kernel(&next, sizeof(next), (void *)ctx->args[2] + TASK_PID_OFFSET);
-	struct offcpu_start *s = start.lookup(&next);
+	struct offcpu_start *s = maybe_off_cpu(next) ? start.lookup(&next) : NULL;
 	if (s) {
+		now = bpf_ktime_get_ns();
 		struct capture cap = {s->user_stack, s->kernel_stack, s->weight};
-		switch_in(s, next, now, ctl, &cap);
+		switch_in(s, next, now, control_now(), &cap);
 	}
 
 	u64 preempt = ctx->args[0], state = ctx->args[3];
-	if (!preempt && (state & RAW_TASK_DEAD)) /* do_task_dead(): its last switch */
+	if (!preempt && (state & RAW_TASK_DEAD)) { /* do_task_dead(): its last switch */
 		forget_thread((u32)id);
-	else if (is_target(tgid))
-		switch_out(ctx, (u32)id, tgid, reason_of_raw_state(preempt, state), now, ctl, 1);
+	} else if (is_target(tgid)) {
+		if (!now)
+			now = bpf_ktime_get_ns();
+		switch_out(ctx, (u32)id, tgid, reason_of_raw_state(preempt, state), now, control_now(), 1);
+	}
 	return OFFCPU_KEEP_EVENT; /* ignored for raw tracepoints; kept alike */
 }
 #endif
@@ -557,7 +586,9 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tid = id;
 	u32 tgid = id >> 32;
-	if (tid == tgid)
-		targets.delete(&tgid);
+	if (tid == tgid) {
+		u8 none = 0;
+		targets.update(&tgid, &none);
+	}
 	return OFFCPU_KEEP_EVENT;
 }

@@ -17,6 +17,7 @@ HEADER = "offcpu.h"
 MAP_TARGETS = "targets"
 MAP_CHILDREN = "children"
 MAP_START = "start"
+MAP_OFF_CPU = "off_cpu"  # per tid: 1 while `start` has its entry
 MAP_MARKS = "marks"
 MAP_COUNTS = "counts"
 MAP_HIST = "hist"

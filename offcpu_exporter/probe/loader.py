@@ -30,7 +30,8 @@ _SYS_BPF = 321  # x86-64
 _BPF_ENABLE_STATS = 32
 _BPF_STATS_RUN_TIME = 0
 _TABLE_MEMORY = 0  # unwind tables are not kept in memory once in the BPF maps (the disk cache has them)
-_ENOTSUPP = 524  # the kernel-internal "operation not supported" some map types return
+_ENOTSUPP = 524
+_PID_MAX_LIMIT = 1 << 22  # PID_MAX_LIMIT on 64-bit kernels  # the kernel-internal "operation not supported" some map types return
 
 
 class CounterKey(NamedTuple):
@@ -110,6 +111,7 @@ class ProbeConfig:
             f"-DMIN_BLOCK_NS={self.min_block_ns}ULL",
             f"-DMAX_BLOCK_NS={self.max_block_ns}ULL",
             f"-DMAX_TARGETS={self.max_targets}",
+            f"-DMAX_PIDS={pid_max()}",
             f"-DMAX_THREADS={self.max_threads}",
             f"-DMAX_COUNTS={self.max_counts}",
             f"-DSTACK_STORAGE={self.stack_storage}",
@@ -141,6 +143,15 @@ def _copy(kind: Any, item: Any) -> Any:
     return kind.from_buffer_copy(item) if isinstance(item, ctypes.Structure) else kind(item)
 
 
+def pid_max(path: str = "/proc/sys/kernel/pid_max") -> int:
+    """The kernel's highest pid + 1: the size of the probe's per-pid arrays."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return max(1, min(int(f.read()), _PID_MAX_LIMIT))
+    except (OSError, ValueError):
+        return _PID_MAX_LIMIT
+
+
 def ktime_ns() -> int:
     """The clock of bpf_ktime_get_ns(): CLOCK_MONOTONIC."""
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -166,6 +177,7 @@ class Probe:
         self._cutoff_ns = 0
         self._marks_active = False
         self.unwinder: Unwinder | None = None  # set when user stacks are walked from CFI tables
+        self._targets: dict[int, int] = {}  # what this probe put in the filter array
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -345,16 +357,31 @@ class Probe:
     # -- targets ---------------------------------------------------------------------------
 
     def kernel_targets(self) -> dict[int, int]:
-        return {k.value: v.value for k, v in self._table(layout.MAP_TARGETS).items()}
+        """tgid -> layout.TARGET_* of the filter's non-zero entries: those this probe set (the
+        kernel clears a group leader's at its exit) and the children the kernel added at fork."""
+        table = self._table(layout.MAP_TARGETS)
+        out = {}
+        for tgid in set(self._targets) | set(self.children() if self.config.follow_children else ()):
+            try:
+                value = table[table.Key(tgid)].value
+            except (KeyError, IndexError):
+                continue
+            if value:
+                out[tgid] = value
+        self._targets = {tgid: v for tgid, v in self._targets.items() if tgid in out}
+        return out
 
     def set_target(self, tgid: int, value: int = 1) -> None:
         table = self._table(layout.MAP_TARGETS)
-        table[table.Key(tgid)] = table.Leaf(value)
+        with contextlib.suppress(KeyError, IndexError):  # a pid beyond the array (pid_max raised)
+            table[table.Key(tgid)] = table.Leaf(value)
+            self._targets[tgid] = value
 
     def remove_target(self, tgid: int) -> None:
         table = self._table(layout.MAP_TARGETS)
-        with contextlib.suppress(KeyError):
-            del table[table.Key(tgid)]
+        with contextlib.suppress(KeyError, IndexError):
+            table[table.Key(tgid)] = table.Leaf(0)
+        self._targets.pop(tgid, None)
 
     def children(self) -> dict[int, tuple[int, int, str]]:
         """Followed children: tgid -> (parent tgid, fork boot ns, comm)."""
@@ -445,7 +472,15 @@ class Probe:
         key = ctypes.c_uint32(tid)
         value = layout.OffcpuStart(entry.ts_ns, entry.user_stack, entry.kernel_stack, entry.tgid, entry.reason,
                                    entry.weight, 0)
-        return self._lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(value), _BPF_NOEXIST) == 0
+        if self._lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(value), _BPF_NOEXIST) != 0:
+            return False
+        self._mark_off_cpu(tid, 1)
+        return True
+
+    def _mark_off_cpu(self, tid: int, value: int) -> None:
+        table = self._table(layout.MAP_OFF_CPU)
+        with contextlib.suppress(KeyError, IndexError):
+            table[table.Key(tid)] = table.Leaf(value)
 
     def unseed_start(self, tid: int, ts_ns: int) -> None:
         """Delete a seeded block if it is still the thread's current one (the thread ran since)."""
@@ -454,6 +489,7 @@ class Probe:
             table = self._table(layout.MAP_START)
             with contextlib.suppress(KeyError):
                 del table[table.Key(tid)]
+            self._mark_off_cpu(tid, 0)
 
     def read_start(self, tid: int) -> StartEntry | None:
         table = self._table(layout.MAP_START)
@@ -534,10 +570,11 @@ class Probe:
         (`counts=`, `start=`, `stacks=`); the others are walked (one system call per entry)."""
         cfg = self.config
         capacity = {layout.MAP_COUNTS: cfg.max_counts, layout.MAP_START: cfg.max_threads,
-                    layout.MAP_HIST: cfg.max_hist, layout.MAP_TARGETS: cfg.max_targets,
-                    layout.MAP_STACKS: cfg.stack_storage}
-        return {name: (known[name] if name in known else len(self._table(name)), cap)
-                for name, cap in capacity.items()}
+                    layout.MAP_HIST: cfg.max_hist, layout.MAP_STACKS: cfg.stack_storage}
+        sizes = {name: (known[name] if name in known else len(self._table(name)), cap)
+                 for name, cap in capacity.items()}
+        sizes[layout.MAP_TARGETS] = (len(self._targets), pid_max())  # an array indexed by pid
+        return sizes
 
     # -- the probe's own cost --------------------------------------------------------------
 
