@@ -5,8 +5,8 @@ sampled estimates split over stacks, blocks in progress, stacks freed."""
 from __future__ import annotations
 
 import errno
-import time
 import re
+import time
 from pathlib import Path
 
 import pytest
