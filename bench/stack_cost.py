@@ -1,10 +1,11 @@
 """Where the probe's time per context switch goes: the BPF program's own run time with both stack
-captures, without the user one, without the kernel one, and without either.
+captures at every switch (--stack-sampling off), without the user one, without the kernel one,
+without either, and with the default stack sampling.
 
     PYTHONPATH=. .venv/bin/python bench/stack_cost.py [--runs 2] [--round-trips 50000]
 
 A diagnostic for bench/sched_overhead.py: the same pinned ping-pong workload, the probe compiled
-from offcpu_exporter/bpf/offcpu.bpf.c with bpf_get_stackid() calls replaced by -EFAULT (a lost stack) in the
+from offcpu_exporter/bpf/offcpu.bpf.c with the stack captures replaced by a lost stack (-EFAULT) in the
 variants, in the attach mode `auto` picks. Run time per invocation comes from the kernel's BPF
 statistics (kernel.bpf_stats_enabled), CPU time per switch from the workload.
 """
@@ -27,13 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import WORKLOADS, Result, Row, Stopwatch, build_c, shared, summary, write_outputs
 from sched_overhead import bpf_stats, default_cpu, prog_stats, run_once
 
-_USER = re.compile(r"stack_traces\.get_stackid\((\w+), BPF_F_USER_STACK\)")
-_KERNEL = re.compile(r"stack_traces\.get_stackid\((\w+), 0\)")
+_USER = re.compile(r"= capture_user_stack\(ctx\)")
+_KERNEL = re.compile(r"= capture_kernel_stack\(ctx\)")
+_LOST = "= OFFCPU_STACK_ERRNO_BASE + 14 /* EFAULT */"
+# name -> (drop the user stack, drop the kernel stack, stack sampling)
 VARIANTS = {
-    "both stacks (as shipped)": (False, False),
-    "no user stack": (True, False),
-    "no kernel stack": (False, True),
-    "no stacks": (True, True),
+    "both stacks, every switch (--stack-sampling off)": (False, False, False),
+    "no user stack": (True, False, False),
+    "no kernel stack": (False, True, False),
+    "no stacks": (True, True, False),
+    "stack sampling on (the default)": (False, False, True),
 }
 
 
@@ -50,9 +54,9 @@ def probe_source(drop_user: bool, drop_kernel: bool) -> Iterator[None]:
         source = Path(tmp, layout.SOURCE)
         text = source.read_text()
         if drop_user:
-            text = _USER.sub("-14 /* -EFAULT */", text)
+            text = _USER.sub(_LOST, text)
         if drop_kernel:
-            text = _KERNEL.sub("-14 /* -EFAULT */", text)
+            text = _KERNEL.sub(_LOST, text)
         source.write_text(text)
         layout.BPF_DIR = Path(tmp)
         try:
@@ -73,9 +77,9 @@ def measure(runs: int, round_trips: int, depth: int = 16, cpu: int | None = None
     mode = ""
     try:
         with bpf_stats():
-            for name, (drop_user, drop_kernel) in VARIANTS.items():
+            for name, (drop_user, drop_kernel, sampling) in VARIANTS.items():
                 with probe_source(drop_user, drop_kernel):
-                    probe = Probe(ProbeConfig(attach=os.environ.get("OFFCPU_ATTACH", "auto")))
+                    probe = Probe(ProbeConfig(attach=os.environ.get("OFFCPU_ATTACH", "auto"), stack_sampling=sampling))
                     probe.start()
                 mode = probe.mode
                 per_run, per_switch = [], []
@@ -102,12 +106,12 @@ def measure(runs: int, round_trips: int, depth: int = 16, cpu: int | None = None
     busy = shared(clock.done(), ours=1.0)
     result = Result("stack_cost", details={"mode": mode, "runs": runs, "round_trips": round_trips, "depth": depth,
                                            "variants": figures})
-    full = figures["both stacks (as shipped)"]["bpf_ns_per_run"]["median"]
+    full = figures["both stacks, every switch (--stack-sampling off)"]["bpf_ns_per_run"]["median"]
     for name, f in figures.items():
         s = f["bpf_ns_per_run"]
         result.rows.append(Row("stack cost", f"BPF program ns per run, {name}", f"{s['median']:.0f}",
                                f"{s['min']:.0f}..{s['max']:.0f}", shared=busy,
-                               note=f"{s['median'] / full:.0%} of shipped; {mode}; user stack {depth}+ frames"))
+                               note=f"{s['median'] / full:.0%} of every-switch; {mode}; user stack {depth}+ frames"))
     return result
 
 
