@@ -130,9 +130,10 @@ def _add_probe(p: argparse.ArgumentParser) -> None:
     g.add_argument("--unwind-cache-dir", default=DEFAULT_UNWIND_CACHE, metavar="DIR",
                    help=f"where tables are kept by build id across restarts (default {DEFAULT_UNWIND_CACHE}; "
                         "'' keeps none)")
-    g.add_argument("--bpf-stats", choices=("on", "off"), default="on",
-                   help="have the kernel time the probe's programs (BPF_ENABLE_STATS) for "
-                        "offcpu_exporter_probe_cpu_seconds_total (default on; ~20 ns per context switch)")
+    g.add_argument("--bpf-stats", choices=("on", "off"), default="off",
+                   help="have the kernel time BPF programs (BPF_ENABLE_STATS, while the exporter runs) for "
+                        "offcpu_exporter_probe_cpu_seconds_total; off by default: it times every BPF program on the "
+                        "machine, ~30 ns per run of each (also read when kernel.bpf_stats_enabled is set)")
     g.add_argument("--max-counters", type=positive_int, default=_PROBE.max_counts, metavar="N",
                    help="distinct (process, thread, stack, reason) counters in the kernel (default %(default)s)")
     g.add_argument("--max-threads", type=positive_int, default=_PROBE.max_threads, metavar="N",
