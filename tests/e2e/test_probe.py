@@ -223,3 +223,15 @@ def test_block_duration_histogram(probe: Probe) -> None:
     assert sum(timed[15:]) == 30
     for slot in (15, 16):
         assert abs(view.histogram[slot] - timed[slot]) <= 1, (slot, view.histogram, timed)
+
+
+def test_the_probe_times_itself_when_asked() -> None:
+    """--bpf-stats on: the kernel times the probe's programs (offcpu_exporter_probe_cpu_seconds_total)."""
+    config = ProbeConfig(attach=ATTACH, per_thread=True, run_time_stats=True)
+    with (Workload("sleep", threads=1, iterations=20, interval_ms=5) as w,
+          running_pipeline(pids=(w.pid,), probe_config=config) as p):
+        w.go()
+        w.wait()
+        snap = p.flush_now(FLUSH_TIMEOUT)
+    assert snap.health.probe_runs >= 40  # every context switch on the machine runs it
+    assert 0 < snap.health.probe_run_ns / snap.health.probe_runs < 100_000
