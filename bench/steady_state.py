@@ -4,8 +4,10 @@ process while a workload makes ~100,000 context switches/s across ~1,000 distinc
     PYTHONPATH=. .venv/bin/python bench/steady_state.py [--duration 60] [--rate 100000] [--stacks 1000] [--otlp]
 
 The workload is bench/flush_cost.py's generated program (one user stack per number k, a pipe round
-trip with an echo thread at the bottom), paced to --rate switches/s. The exporter runs as its own
-process, as deployed: `offcpu-exporter serve` with its defaults (every process on the machine,
+trip with an echo thread at the bottom), both threads pinned to CPU 0 and paced to --rate
+switches/s (unpinned, a cross-CPU pipe round trip tops out near 30,000 switches/s on a 2-vCPU VM).
+The exporter runs as its
+own process, as deployed: `offcpu-exporter serve` with its defaults (every process on the machine,
 stack sampling on), scraped every 15 s by this script. With --otlp, `serve` also pushes profiles and
 metrics (default interval) to the project's gRPC test receiver in this process. CPU is utime+stime
 from /proc/PID/stat over the steady window (after --warmup seconds:
@@ -73,7 +75,7 @@ def measure(duration: float, warmup: float, rate: float, stacks: int, otlp: bool
     serve = importlib.util.find_spec("offcpu_exporter.web.server") is not None
     receiver = otlp_receiver() if serve and otlp else None
     clock = Stopwatch()
-    workload = subprocess.Popen([str(binary), str(rate / 2)], stdout=subprocess.PIPE, text=True)
+    workload = subprocess.Popen([str(binary), str(rate / 2), "pin"], stdout=subprocess.PIPE, text=True)
     assert workload.stdout is not None
     workload.stdout.readline()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
