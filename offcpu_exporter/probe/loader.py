@@ -30,8 +30,8 @@ _SYS_BPF = 321  # x86-64
 _BPF_ENABLE_STATS = 32
 _BPF_STATS_RUN_TIME = 0
 _TABLE_MEMORY = 0  # unwind tables are not kept in memory once in the BPF maps (the disk cache has them)
-_ENOTSUPP = 524
-_PID_MAX_LIMIT = 1 << 22  # PID_MAX_LIMIT on 64-bit kernels  # the kernel-internal "operation not supported" some map types return
+_ENOTSUPP = 524  # the kernel-internal "operation not supported" some map types return
+_PID_MAX_LIMIT = 1 << 22  # PID_MAX_LIMIT on 64-bit kernels
 
 
 class CounterKey(NamedTuple):

@@ -48,7 +48,7 @@ class TableCache:
             self._bytes -= _size(old)
         self._tables[build_id] = table
         self._bytes += _size(table)
-        while self._bytes > self._memory_limit and len(self._tables) > 1:
+        while self._bytes > self._memory_limit and self._tables:
             _, dropped = self._tables.popitem(last=False)
             self._bytes -= _size(dropped)
 

@@ -209,7 +209,10 @@ class Unwinder:
         if vaddr is None:
             return None, "mapping outside the object's load segments"
         if obj.row_first < 0 and not self._place(obj, table):
-            return None, "no room left in the unwind maps"
+            # Not kept for a later try: a table that does not fit is a large one (libLLVM's rows
+            # are 11 MB), and the disk cache gives it back when a new process maps the object.
+            obj.table, obj.why = None, "no room left in the unwind maps"
+            return None, obj.why
         rows = f"{table.stats.get('source', '')}, {obj.row_count:,} rows"
         bias = m.start - vaddr + table.base
         return layout.UnwindMapping(m.start, m.end, bias, obj.page_first, obj.page_count), rows
@@ -249,6 +252,12 @@ class Unwinder:
             if obj.table is not None and obj.row_first >= 0 and self._maps is not None:
                 self._rows.release(obj.row_first, obj.row_count)
                 self._pages.release(obj.page_first, obj.page_count)
+
+    @property
+    def table_bytes_held(self) -> int:
+        """Bytes of tables kept in this process: only those of objects described without maps."""
+        with self._lock:
+            return sum(len(o.table.rows) + len(o.table.pages) for o in self._objects.values() if o.table)
 
     @property
     def rows_used(self) -> int:

@@ -89,3 +89,49 @@ def test_describes_what_each_mapping_relies_on() -> None:
     assert any(name.startswith("python3") and d.method == CFI for name, d in by_path.items())
     assert by_path["[vdso]"].method == FRAME_POINTER
     assert re.search(r" cfi +/\S+/libc\.so\.6 +\(eh_frame, [\d,]+ rows\)", report.getvalue()), report.getvalue()
+
+
+class _SmallMaps:
+    """Unwind maps with room for `max_rows` rows: what a full map looks like to the Unwinder."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows, self.max_pages, self.max_processes = max_rows, 1 << 16, 64
+        self.rows: dict[int, bytes] = {}
+        self.processes: dict[int, layout.UnwindProcess] = {}
+
+    def write_rows(self, first: int, data: bytes) -> None:
+        self.rows[first] = data
+
+    def write_pages(self, first: int, data: bytes) -> None:
+        pass
+
+    def set_process(self, tgid: int, process: layout.UnwindProcess) -> None:
+        self.processes[tgid] = process
+
+    def delete_process(self, tgid: int) -> None:
+        self.processes.pop(tgid, None)
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+
+def test_a_table_without_room_in_the_maps_is_not_kept_in_memory(tmp_path: Path) -> None:
+    """Tables in the maps and tables that did not fit are both dropped from the process: a full
+    map must not turn into megabytes of rows held for nothing."""
+    libc_rows = libc_table().row_count
+    maps = _SmallMaps(libc_rows - 1)  # not even libc fits
+    p = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        unwinder = Unwinder(maps, cache=TableCache(str(tmp_path), memory_bytes=0))  # type: ignore[arg-type]
+        described = unwinder.update(p.pid) or []
+    finally:
+        p.kill()
+        p.wait()
+    by_path = {d.path.rsplit("/", 1)[-1]: d for d in described}
+    assert by_path["libc.so.6"].method == FRAME_POINTER
+    assert by_path["libc.so.6"].why == "no room left in the unwind maps"
+    assert unwinder.no_space >= 1
+    assert maps.rows, "the smaller objects' tables were placed"
+    assert unwinder.table_bytes_held == 0
