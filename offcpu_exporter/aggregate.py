@@ -32,6 +32,7 @@ from offcpu_exporter.in_progress import Credit, InProgress
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import CounterKey, CounterValue, StartEntry, ktime_ns
 from offcpu_exporter.probe.maps import KernelMaps
+from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.snapshot import (
     ZERO,
     Blocked,
@@ -206,6 +207,7 @@ class Aggregator:
         self._hist_read: dict[int, list[int]] = {}  # tgid -> the kernel's slots at the last read
         self._flushes = 0
         self._stats_read: list[int] = [0] * layout.STAT_MAX
+        self._warn = RateLimitedLog(log, interval=300.0)
         self._sampled_ratio = 1.0
         self.start_time_ns = start_time_ns or probe.attached_wall_ns or time.time_ns()
         self._last_time_ns = self.start_time_ns
@@ -659,6 +661,10 @@ class Aggregator:
         captures = stats[layout.STAT_CAPTURES] - self._stats_read[layout.STAT_CAPTURES]
         if blocks > 0:
             self._sampled_ratio = min(1.0, captures / blocks)
+        missed = stats[layout.STAT_MISSED_SWITCH_INS] - self._stats_read[layout.STAT_MISSED_SWITCH_INS]
+        if missed > 0:
+            self._warn.log(logging.WARNING, "%d blocks not counted: the kernel reported no switch-in ending them "
+                           "(offcpu_exporter_missed_switch_ins_total)", missed)
         self._stats_read = stats
         run_ns, runs = self.probe.run_time()
         walks: dict[str, int] = {}
@@ -691,6 +697,7 @@ class Aggregator:
             filtered_blocks=stats[layout.STAT_FILTERED],
             filtered_ns=stats[layout.STAT_FILTERED_NS],
             blocks=stats[layout.STAT_BLOCKS],
+            missed_switch_ins=stats[layout.STAT_MISSED_SWITCH_INS],
             stack_captures=stats[layout.STAT_CAPTURES],
             stack_sampling=self.probe.config.stack_sampling,
             stack_sampled_ratio=self._sampled_ratio,

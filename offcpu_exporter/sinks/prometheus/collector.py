@@ -145,6 +145,10 @@ class OffCPUCollector:
             c("offcpu_exporter_filtered_blocks", "Blocks left out by --min-block/--max-block."),
             c("offcpu_exporter_filtered_seconds", "Off-CPU time of the blocks left out by --min-block/--max-block."),
             c("offcpu_exporter_blocks", "Blocks (off-CPU periods) the probe counted."),
+            c(
+                "offcpu_exporter_missed_switch_ins",
+                "Blocks not counted because the kernel reported no switch-in ending them.",
+            ),
             c("offcpu_exporter_stack_captures", "Blocks whose stacks the probe captured."),
             g(
                 "offcpu_exporter_stack_sampling_ratio",
@@ -325,6 +329,7 @@ class OffCPUCollector:
         fams["offcpu_exporter_filtered_blocks"].add_metric([], h.filtered_blocks)
         fams["offcpu_exporter_filtered_seconds"].add_metric([], h.filtered_ns / 1e9)
         fams["offcpu_exporter_blocks"].add_metric([], h.blocks)
+        fams["offcpu_exporter_missed_switch_ins"].add_metric([], h.missed_switch_ins)
         fams["offcpu_exporter_stack_captures"].add_metric([], h.stack_captures)
         fams["offcpu_exporter_stack_sampling_ratio"].add_metric([], h.stack_sampled_ratio)
         fams["offcpu_exporter_probe_cpu_seconds"].add_metric([], h.probe_run_ns / 1e9)
