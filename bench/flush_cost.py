@@ -140,7 +140,7 @@ def prometheus_render() -> Any:
     """A function snapshot -> seconds for one uncached /metrics render, or None without the sink."""
     try:
         from offcpu_exporter.sinks import SinkContext
-        from offcpu_exporter.sinks.prometheus import PrometheusSink
+        from offcpu_exporter.sinks.prometheus.sink import PrometheusSink
         from offcpu_exporter.web import Request, Routes
     except ImportError:
         return None

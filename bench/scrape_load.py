@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from offcpu_exporter.sinks import SinkContext
-from offcpu_exporter.sinks.prometheus import PrometheusSink
+from offcpu_exporter.sinks.prometheus.sink import PrometheusSink
 from offcpu_exporter.web import Routes
 from offcpu_exporter.web.server import WebOptions, WebServer
 from tests.support.snapshots import scrape_snapshot

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
@@ -11,7 +10,6 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from types import ModuleType
 from typing import BinaryIO
 
 from offcpu_exporter import __version__, heap, logfmt
@@ -29,21 +27,13 @@ from offcpu_exporter.config import (
 from offcpu_exporter.core import CoreConfig
 from offcpu_exporter.k8s import selection as k8s_selection
 from offcpu_exporter.probe.loader import ProbeConfig
+from offcpu_exporter.sinks import OUTPUTS, OutputOptions
 from offcpu_exporter.snapshot import ProcessInfo
 from offcpu_exporter.targets import TargetRules
 
 __all__ = ["main"]
 
 log = logging.getLogger("offcpu_exporter")
-
-# Output modules plugged into `serve` (see offcpu_exporter/sinks/__init__.py).
-SINK_MODULES: tuple[str, ...] = (
-    "offcpu_exporter.sinks.prometheus",
-    "offcpu_exporter.sinks.otlp",
-    "offcpu_exporter.sinks.skywalking",
-    "offcpu_exporter.sinks.pprof",
-)
-
 
 # --min-block/--max-block: nanoseconds for the probe; bare numbers in microseconds, as they always were.
 BLOCK_DURATION = Duration("ns", bare_unit="us", allow_zero=True)
@@ -82,10 +72,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"offcpu-exporter: error: {message}\n")
-
-
-def _sink_modules() -> list[ModuleType]:
-    return [importlib.import_module(name) for name in SINK_MODULES]
 
 
 def _add_targets(p: argparse.ArgumentParser) -> None:
@@ -156,7 +142,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     logfmt.add_arguments(p)
 
 
-def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentParser:
+def build_parser(outputs: Sequence[OutputOptions] | None = None) -> argparse.ArgumentParser:
+    """The parser; `outputs`: the options modules of the outputs `serve` offers (default: all of them)."""
+    if outputs is None:
+        outputs = [output.options for output in OUTPUTS]
     parser = _Parser(prog="offcpu-exporter", description="Where threads wait: off-CPU time per stack.",
                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"offcpu-exporter {__version__}")
@@ -172,8 +161,8 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
     from offcpu_exporter.web import server as web_server
 
     web_server.add_arguments(serve)
-    for module in sink_modules:
-        module.add_arguments(serve)
+    for output in outputs:
+        output.add_arguments(serve)
 
     record = sub.add_parser("record", help="profile for a while and write one profile file",
                             epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -197,16 +186,15 @@ def build_parser(sink_modules: Sequence[ModuleType] = ()) -> argparse.ArgumentPa
                         help="also say what the user stacks of this process rely on, per executable mapping: "
                         "DWARF CFI tables or frame pointers, and why (repeatable)")
 
-    for module in sink_modules:
-        extra = getattr(module, "add_subcommands", None)
+    for output in outputs:
+        extra = getattr(output, "add_subcommands", None)
         if extra is not None:
             extra(sub)
     return parser
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    modules = _sink_modules()
-    parser = build_parser(modules)
+    parser = build_parser()
     old = deprecated_spellings(_subparsers(parser))
     argv, deprecated = replace_deprecated(argv, old)
     path = config_path(argv)
@@ -219,7 +207,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         except ConfigError as e:
             parser.error(str(e))
     options = parser.parse_args(argv)
-    options._sink_modules = modules
     options._deprecated = deprecated
     if options.command == "serve":
         from offcpu_exporter.web.config import WebConfigError
@@ -368,8 +355,8 @@ def cmd_serve(options: argparse.Namespace) -> int:
     context = SinkContext(latest=pipeline.latest, flush_now=pipeline.flush_now, routes=routes,
                           history=pipeline.history)
     try:
-        for module in options._sink_modules:
-            sink = module.create(options, context)
+        for output in OUTPUTS:
+            sink = output.create(options, context)
             if sink is not None:
                 context.sinks.append(sink)
     except (ValueError, OSError) as e:

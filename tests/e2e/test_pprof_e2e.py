@@ -22,7 +22,7 @@ import pytest
 
 from offcpu_exporter import cli
 from offcpu_exporter.sinks import SinkContext
-from offcpu_exporter.sinks import pprof as pprof_sink
+from offcpu_exporter.sinks.pprof import sink as pprof_sink
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.web import Request, Response, Routes
 from tests.support import chromium

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from offcpu_exporter.sinks import SinkContext
-from offcpu_exporter.sinks.prometheus import PrometheusSink
+from offcpu_exporter.sinks.prometheus.sink import PrometheusSink
 from offcpu_exporter.web import Routes
 from offcpu_exporter.web.server import WebOptions, WebServer
 from tests.e2e.prometheus_server import PrometheusServer, scrape_config

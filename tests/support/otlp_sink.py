@@ -6,8 +6,9 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 
 from offcpu_exporter.sinks import SinkContext
-from offcpu_exporter.sinks.otlp import OtlpSink
-from offcpu_exporter.sinks.otlp.options import OtlpConfig, add_arguments, resolve
+from offcpu_exporter.sinks.otlp.endpoints import OtlpConfig, resolve
+from offcpu_exporter.sinks.otlp.options import add_arguments
+from offcpu_exporter.sinks.otlp.sink import OtlpSink
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.web import Routes
 

@@ -24,7 +24,7 @@ TIME_WORDS = ("interval", "timeout", "seconds", "minutes", "grace", "duration", 
 
 
 def subcommands() -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    parser = cli.build_parser(cli._sink_modules())
+    parser = cli.build_parser()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             yield from action.choices.items()

@@ -25,7 +25,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _deprecated() -> dict[str, str]:
-    return deprecated_spellings(cli._subparsers(cli.build_parser(cli._sink_modules())))
+    return deprecated_spellings(cli._subparsers(cli.build_parser()))
 
 
 def test_node_exporter_names() -> None:
@@ -39,7 +39,7 @@ def test_one_style_and_old_spellings_hidden() -> None:
     old = _deprecated()
     assert {"--log-level", "--config", "--otlp-endpoint", "--no-otlp-metrics", "--skywalking-endpoint",
             "--kubernetes-metadata"} <= old.keys()
-    parser = cli.build_parser(cli._sink_modules())
+    parser = cli.build_parser()
     for sub in cli._subparsers(parser):
         text = sub.format_help()
         for spelling in old:

@@ -48,7 +48,7 @@ from offcpu_exporter.sinks import SinkStats
 from offcpu_exporter.sinks.prometheus.selection import Selection, one_per_pid
 from offcpu_exporter.snapshot import ZERO, Counter, ProcessView, Reason, Snapshot
 
-from .options import OtlpConfig
+from .endpoints import OtlpConfig
 
 __all__ = [
     "OTHER",

@@ -1,4 +1,5 @@
-"""``offcpu-exporter skywalking-dump PATH``: prints a file written by ``--skywalking.file``."""
+"""``offcpu-exporter skywalking-dump PATH``: prints a file written by ``--skywalking.file`` (the
+subcommand's flags are in `options`)."""
 
 from __future__ import annotations
 
@@ -9,29 +10,12 @@ from typing import Any, TextIO
 
 from google.protobuf import json_format
 
-from offcpu_exporter import logfmt
 from offcpu_exporter.sinks.skywalking.delimited import CorruptFile, read_messages
 from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
 
-__all__ = ["add_dump_arguments", "dump_main", "format_message"]
+__all__ = ["dump", "dump_main", "format_message"]
 
 _STACK_TYPES = {pb.PROCESS_KERNEL_SPACE: "kernel", pb.PROCESS_USER_SPACE: "user"}
-
-
-def add_dump_arguments(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds the ``skywalking-dump`` subcommand to an ``add_subparsers()`` object."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "skywalking-dump",
-        help="print the EBPFProfilingData messages of a --skywalking.file",
-        description="Prints length-delimited EBPFProfilingData messages (as --skywalking.file writes them).",
-    )
-    parser.add_argument("path", metavar="PATH", help="file written by --skywalking.file ('-' for stdin)")
-    parser.add_argument(
-        "--format", choices=("text", "json"), default="text", help="text (default) or one JSON object a line"
-    )
-    logfmt.add_arguments(parser, level="warning")
-    parser.set_defaults(handler=dump_main)
-    return parser
 
 
 def _time(ms: int) -> str:

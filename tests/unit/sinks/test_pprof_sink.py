@@ -14,7 +14,8 @@ import pytest
 
 from offcpu_exporter.formats.proto import profile_pb2 as pb
 from offcpu_exporter.sinks import SinkContext
-from offcpu_exporter.sinks import pprof as pprof_sink
+from offcpu_exporter.sinks.pprof import options as pprof_options
+from offcpu_exporter.sinks.pprof import sink as pprof_sink
 from offcpu_exporter.snapshot import Counter, Snapshot
 from offcpu_exporter.web import Request, Response, Routes
 from tests.support.snapshots import WORKLOAD, make_after, make_before, workload_snapshot
@@ -209,7 +210,7 @@ def test_flamegraph_without_history_shows_totals_since_start() -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
-    pprof_sink.add_arguments(p)
+    pprof_options.add_arguments(p)
     return p
 
 

@@ -15,7 +15,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from offcpu_exporter.sinks import SinkContext, SinkStats
-from offcpu_exporter.sinks import prometheus as prom_sink
+from offcpu_exporter.sinks.prometheus import options as prom_options
+from offcpu_exporter.sinks.prometheus import sink as prom_sink
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
 from offcpu_exporter.sinks.prometheus.exposition import ExpositionCache
 from offcpu_exporter.sinks.prometheus.selection import Selection
@@ -232,7 +233,7 @@ def test_per_thread_reaches_metrics_through_the_command_line() -> None:
     b = Builder()
     for tid in (31, 32, 33):
         b.add(process(30, "cli"), stack("x"), tid / 10, tid=tid)
-    options = build_parser([prom_sink]).parse_args(
+    options = build_parser([prom_options]).parse_args(
         ["serve", "--pid", "30", "--per-thread", "--prometheus.top-threads", "2"]
     )
     current = b.snapshot()
@@ -244,7 +245,7 @@ def test_per_thread_reaches_metrics_through_the_command_line() -> None:
 def test_bad_thread_and_call_path_limits_are_refused() -> None:
     from offcpu_exporter.cli import build_parser
 
-    parser = build_parser([prom_sink])
+    parser = build_parser([prom_options])
     with pytest.raises(SystemExit) as exit_:
         parser.parse_args(["serve", "--prometheus.call-path-frames", "0"])
     assert exit_.value.code == 2
@@ -474,7 +475,7 @@ def _sink(builder: Builder) -> tuple[prom_sink.PrometheusSink, Routes, list[Snap
     current = [builder.snapshot()]
     ctx = SinkContext(latest=lambda: current[0], flush_now=lambda t: current[0], routes=routes)
     parser = argparse.ArgumentParser()
-    prom_sink.add_arguments(parser)
+    prom_options.add_arguments(parser)
     sink = prom_sink.create(parser.parse_args(["--prometheus.top-stacks", "3"]), ctx)
     ctx.sinks.append(sink)
     return sink, routes, current
@@ -595,7 +596,7 @@ def test_telemetry_path_is_node_exporters_flag() -> None:
     snap = Builder().snapshot()
     ctx = SinkContext(latest=lambda: snap, flush_now=lambda t: snap, routes=routes)
     parser = argparse.ArgumentParser()
-    prom_sink.add_arguments(parser)
+    prom_options.add_arguments(parser)
     assert parser.parse_args([]).web_telemetry_path == "/metrics"
     sink = prom_sink.create(parser.parse_args(["--web.telemetry-path", "/offcpu/metrics"]), ctx)
     ctx.sinks.append(sink)

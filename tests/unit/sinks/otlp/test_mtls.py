@@ -32,7 +32,7 @@ def receiver(request: pytest.FixtureRequest, pki: Pki) -> Iterator[GrpcReceiver 
 
 
 def _push(args: list[str], env: dict[str, str] | None = None) -> dict[str, int]:
-    from offcpu_exporter.sinks.otlp import OtlpSink
+    from offcpu_exporter.sinks.otlp.sink import OtlpSink
 
     snapshot = two_process_snapshot(sequence=1)
     config = config_from_args(["--otlp.interval", "1h", "--otlp.timeout", "2s", "--otlp.max-delay", "3s", *args],

@@ -11,10 +11,11 @@ from google.protobuf.internal.decoder import _DecodeVarint32
 from google.protobuf.internal.encoder import _VarintBytes
 
 from offcpu_exporter.sinks import SinkContext
-from offcpu_exporter.sinks.skywalking import add_arguments, add_dump_arguments, create, dump_main
 from offcpu_exporter.sinks.skywalking.delimited import CorruptFile, encode_varint, frame, read_messages
-from offcpu_exporter.sinks.skywalking.dump import dump
+from offcpu_exporter.sinks.skywalking.dump import dump, dump_main
+from offcpu_exporter.sinks.skywalking.options import add_arguments, add_subcommands
 from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.sinks.skywalking.sink import create
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.web import Routes
 from tests.support.snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
@@ -93,7 +94,7 @@ def test_dump_text_and_json(tmp_path, capsys) -> None:
     sink.close(5)
 
     parser = argparse.ArgumentParser(prog="offcpu-exporter")
-    add_dump_arguments(parser.add_subparsers())
+    add_subcommands(parser.add_subparsers())
     args = parser.parse_args(["skywalking-dump", str(path)])
     assert args.handler(args) == 0
     text = capsys.readouterr().out
@@ -119,7 +120,7 @@ def first_stack_id(path) -> int:
 
 def test_dump_bad_files(tmp_path, capsys) -> None:
     parser = argparse.ArgumentParser()
-    add_dump_arguments(parser.add_subparsers())
+    add_subcommands(parser.add_subparsers())
     assert dump_main(parser.parse_args(["skywalking-dump", str(tmp_path / "missing")])) == 2
     assert "No such file or directory" in capsys.readouterr().err
 

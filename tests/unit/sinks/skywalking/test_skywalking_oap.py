@@ -12,11 +12,12 @@ import grpc
 import pytest
 
 from offcpu_exporter.sinks import SinkContext
-from offcpu_exporter.sinks.skywalking import SkyWalkingSink, add_arguments, create
 from offcpu_exporter.sinks.skywalking.agent import Agent, AgentOptions
 from offcpu_exporter.sinks.skywalking.client import OapClient, OapConnection
 from offcpu_exporter.sinks.skywalking.delivery import RetryPolicy
+from offcpu_exporter.sinks.skywalking.options import add_arguments
 from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.sinks.skywalking.sink import SkyWalkingSink, create
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.web import Routes
 from tests.support.skywalking_oap import FakeOap, Task, oap_process_id
@@ -222,7 +223,7 @@ def test_publish_never_waits_for_a_hanging_oap() -> None:
 
 
 def test_publish_returns_at_once_and_a_far_behind_encoder_drops_counted(oap: FakeOap, monkeypatch) -> None:
-    import offcpu_exporter.sinks.skywalking as skywalking
+    import offcpu_exporter.sinks.skywalking.sink as skywalking
 
     real = skywalking.encode_snapshot
     gate = threading.Event()

@@ -24,22 +24,20 @@ import time
 from dataclasses import replace
 
 from offcpu_exporter import formats
-from offcpu_exporter.config import Duration, positive_int, seconds
 from offcpu_exporter.formats import Profile, ProfileFilter
 from offcpu_exporter.formats import flamegraph as flamegraph_format
 from offcpu_exporter.formats import pprof as pprof_format
 from offcpu_exporter.sinks import SinkContext, SinkStats
+from offcpu_exporter.sinks.pprof.options import FLAMEGRAPH_PATH, PROFILE_PATH, enabled
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.web import Request, Response, Routes
 
-__all__ = ["PprofSink", "add_arguments", "create"]
+__all__ = ["PprofSink", "create"]
 
 log = logging.getLogger(__name__)
 
-PROFILE_PATH = "/debug/pprof/offcpu"
 CPU_PROFILE_PATH = "/debug/pprof/profile"
 INDEX_PATH = "/debug/pprof/"
-FLAMEGRAPH_PATH = "/flamegraph"
 DEFAULT_SECONDS = 30.0
 DEFAULT_MINUTES = 5.0
 # How long one of the profile's two flushes may take (a flush of a busy host takes well under 1 s).
@@ -47,47 +45,8 @@ FLUSH_TIMEOUT = 10.0
 _WARN_EVERY = 60.0
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group(
-        "pprof and flame graphs",
-        f"HTTP endpoints on the web server: {PROFILE_PATH}?seconds=N (gzip pprof), "
-        f"{FLAMEGRAPH_PATH}?minutes=N (HTML). They cost nothing until requested.",
-    )
-    group.add_argument(
-        "--pprof.disable",
-        dest="pprof_disable",
-        action="store_true",
-        help="do not serve the pprof and flame graph endpoints",
-    )
-    group.add_argument(
-        "--pprof.max-seconds",
-        dest="pprof_max_seconds",
-        type=seconds,
-        default=300.0,
-        metavar="DURATION",
-        help="longest profile a request may ask for with ?seconds= (default: 5m)",
-    )
-    group.add_argument(
-        "--pprof.max-concurrent",
-        dest="pprof_max_concurrent",
-        type=positive_int,
-        default=4,
-        metavar="N",
-        help="profile requests served at once; more get 429 Too Many Requests (default: %(default)d)",
-    )
-    group.add_argument(
-        "--flamegraph.max-minutes",
-        dest="flamegraph_max_minutes",
-        type=Duration("m"),
-        default=60.0,
-        metavar="DURATION",
-        help="longest history /flamegraph may show with ?minutes= (default: 1h; bare numbers are minutes); "
-        "it can show no more than the snapshot history the exporter keeps",
-    )
-
-
 def create(options: argparse.Namespace, context: SinkContext) -> PprofSink | None:
-    if getattr(options, "pprof_disable", False):
+    if not enabled(options):
         return None
     sink = PprofSink(
         context,
