@@ -109,6 +109,10 @@ def encode_message(profile: Profile) -> pb.Profile:
     if profile.description:
         comment += f" ({profile.description})"
     message.comment.append(tables.string(comment))
+    if profile.stack_sampled_ratio is not None:
+        message.comment.append(tables.string(
+            f"stack captures sampled: {profile.stack_sampled_ratio:.1%} of blocks; per-stack values are "
+            "estimates that sum to the exact per-thread totals"))
 
     keys = {name: tables.string(name) for name in ("pid", "comm", "tid", "thread", "reason")}
     for s in profile.samples:

@@ -58,6 +58,9 @@ class Profile:
     processes: Mapping[ProcessKey, ProcessInfo] = field(default_factory=lambda: MappingProxyType({}))
     # What the interval is, for titles: "last 5 minutes", "30 s profile", ...
     description: str = ""
+    # Share of the interval's blocks whose stacks were captured, when captures were sampled (the
+    # per-stack values are then estimates that sum to the exact per-thread totals); None: all were.
+    stack_sampled_ratio: float | None = None
 
     @property
     def duration_ns(self) -> int:
@@ -87,7 +90,8 @@ class Profile:
         keys = _RowKeys()
         previous = {keys(s): s.total for s in before.samples}
         rows = [(s, _growth(s.total, previous.get(keys(s)))) for s in after.samples]
-        return _build(before.time_ns, after.time_ns, rows, _known((after, before)), keep, description)
+        return _build(before.time_ns, after.time_ns, rows, _known((after, before)), keep, description,
+                      _sampled_ratio(after, before))
 
     @staticmethod
     def over(snapshots: Sequence[Snapshot], keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
@@ -118,19 +122,36 @@ class Profile:
                     index = index_of(s.stack)
                 newest.setdefault((s.process, s.tid, s.reason, index), s)
         rows = [(s, _growth(s.total, previous.get(key))) for key, s in newest.items()]
-        return _build(first.time_ns, last.time_ns, rows, _known(reversed(ordered)), keep, description)
+        return _build(first.time_ns, last.time_ns, rows, _known(reversed(ordered)), keep, description,
+                      _sampled_ratio(last, first))
 
     @staticmethod
     def since_previous(snapshot: Snapshot, keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
         """One snapshot's own increase (the interval from the flush before it)."""
         rows = [(s, s.increase) for s in snapshot.samples if s.increase]
-        return _build(snapshot.interval_start_ns, snapshot.time_ns, rows, _known((snapshot,)), keep, description)
+        sampled = snapshot.health.stack_sampled_ratio if snapshot.health.stack_sampling else None
+        return _build(snapshot.interval_start_ns, snapshot.time_ns, rows, _known((snapshot,)), keep, description,
+                      sampled)
 
     @staticmethod
     def since_start(snapshot: Snapshot, keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
         """Everything the exporter counted up to `snapshot`."""
         rows = [(s, s.total) for s in snapshot.samples if s.total]
-        return _build(snapshot.start_time_ns, snapshot.time_ns, rows, _known((snapshot,)), keep, description)
+        return _build(snapshot.start_time_ns, snapshot.time_ns, rows, _known((snapshot,)), keep, description,
+                      _sampled_ratio(snapshot))
+
+
+def _sampled_ratio(last: Snapshot, first: Snapshot | None = None) -> float | None:
+    """The share of blocks whose stacks were captured from `first` to `last` (from the probe's
+    start without `first`); None when captures were not sampled."""
+    h = last.health
+    if not h.stack_sampling:
+        return None
+    blocks, captures = h.blocks, h.stack_captures
+    if first is not None:
+        blocks -= first.health.blocks
+        captures -= first.health.stack_captures
+    return min(1.0, captures / blocks) if blocks > 0 else 1.0
 
 
 def _growth(total: Counter, old: Counter | None) -> Counter:
@@ -183,11 +204,13 @@ class Accumulator:
         self._start_ns: int | None = None
         self._end_ns = 0
         self._sequence = -1
+        self._last: Snapshot | None = None
 
     def add(self, snapshot: Snapshot) -> None:
         if snapshot.sequence <= self._sequence:
             return  # already counted (the same snapshot handed twice)
         self._sequence = snapshot.sequence
+        self._last = snapshot
         if self._start_ns is None:
             self._start_ns = snapshot.interval_start_ns
         self._end_ns = snapshot.time_ns
@@ -217,7 +240,9 @@ class Accumulator:
     def profile(self, description: str = "", start_ns: int | None = None) -> Profile:
         """What was added so far; from `start_ns` (default: the first snapshot's interval start)."""
         start = start_ns if start_ns is not None else self._start_ns if self._start_ns is not None else self._end_ns
-        return _build(start, self._end_ns, list(self._rows.values()), self._infos, self._keep, description)
+        # The probe's counters since it started: the run's, for `record`, whose probe starts with it.
+        sampled = _sampled_ratio(self._last) if self._last is not None else None
+        return _build(start, self._end_ns, list(self._rows.values()), self._infos, self._keep, description, sampled)
 
 
 def _known(sources: Iterable[Snapshot]) -> dict[ProcessKey, ProcessInfo]:
@@ -236,6 +261,7 @@ def _build(
     known: Mapping[ProcessKey, ProcessInfo],
     keep: ProfileFilter,
     description: str,
+    sampled: float | None = None,
 ) -> Profile:
     """Attaches process information and drops empty and filtered rows."""
     samples = []
@@ -249,4 +275,4 @@ def _build(
     # Ties keep the snapshot's order (a stable sort), so equal input gives equal output.
     samples.sort(key=lambda p: (p.process.pid, p.tid, -p.value.ns, p.reason))
     processes = {p.process.key: p.process for p in samples}
-    return Profile(start_ns, end_ns, tuple(samples), MappingProxyType(processes), description)
+    return Profile(start_ns, end_ns, tuple(samples), MappingProxyType(processes), description, sampled)

@@ -50,6 +50,7 @@ __all__ = [
 
 SCOPE_NAME = "offcpu-exporter"
 REASON_ATTRIBUTE = "offcpu.reason"
+SAMPLED_RATIO_ATTRIBUTE = "offcpu.stack_sampled_ratio"  # on each profile when stack captures were sampled
 FRAME_TYPE_ATTRIBUTE = "profile.frame.type"
 BUILD_ID_ATTRIBUTE = "process.executable.build_id.gnu"
 
@@ -135,7 +136,7 @@ class _Dictionary:
             self._strings[value] = index
         return index
 
-    def attribute(self, key: str, value: str | int) -> int:
+    def attribute(self, key: str, value: str | int | float) -> int:
         ident = (key, type(value).__name__, value)
         index = self._attributes.get(ident)
         if index is None:
@@ -143,6 +144,8 @@ class _Dictionary:
             entry = self.proto.attribute_table.add(key_strindex=self.string(key))
             if isinstance(value, int):
                 entry.value.int_value = value
+            elif isinstance(value, float):
+                entry.value.double_value = value
             else:
                 entry.value.string_value = value
             self._attributes[ident] = index
@@ -287,6 +290,11 @@ def encode_profiles(
     if options.switches_profile:
         kinds.append(("off_cpu_switches", "count", True))
 
+    # Sampled captures: the share of the interval's blocks captured, on every profile (its per-stack
+    # values are estimates that sum to the exact per-thread totals).
+    health = snapshot.health
+    sampling = [d.attribute(SAMPLED_RATIO_ATTRIBUTE, float(health.stack_sampled_ratio))] \
+        if health.stack_sampling else []
     for key in sorted(grouped, key=lambda k: (k.pid, k.start_ticks)):
         view = snapshot.processes.get(key)
         info = view.info if view is not None else ProcessInfo(key=key, comm="")
@@ -312,6 +320,7 @@ def encode_profiles(
                 time_unix_nano=snapshot.interval_start_ns,
                 duration_nano=duration,
                 profile_id=_profile_id(snapshot, key, type_name, options.host_name),
+                attribute_indices=sampling,
             )
             for (stack_index, attr_key), (ns, count) in merged.items():
                 value = count if is_count else ns

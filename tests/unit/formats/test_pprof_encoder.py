@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gzip
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,21 @@ def test_go_tool_pprof_reads_it(tmp_path: Path, before: Snapshot, after: Snapsho
 
 def test_sample_types_are_exported() -> None:
     assert pprof_format.SAMPLE_TYPES[0] == ("off_cpu", "nanoseconds")
+
+
+def _with_blocks(snapshot: Snapshot, blocks: int, captures: int, sampling: bool = True) -> Snapshot:
+    health = replace(snapshot.health, stack_sampling=sampling, blocks=blocks, stack_captures=captures)
+    return replace(snapshot, health=health)
+
+
+def test_sampled_stack_captures_are_said_in_a_comment(before: Snapshot, after: Snapshot) -> None:
+    # 400 of the 1,600 blocks of the interval had their stacks captured.
+    profile = Profile.between(_with_blocks(before, 1000, 1000), _with_blocks(after, 2600, 1400))
+    assert profile.stack_sampled_ratio == 0.25
+    p = decode(render("pprof", profile))
+    comments = [p.string_table[i] for i in p.comment]
+    assert len(comments) == 2 and comments[1].startswith("stack captures sampled: 25.0% of blocks")
+    # Every block's stacks captured: nothing to say.
+    whole = Profile.between(_with_blocks(before, 1000, 1000, False), _with_blocks(after, 2600, 2600, False))
+    assert whole.stack_sampled_ratio is None
+    assert len(decode(render("pprof", whole)).comment) == 1

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -256,3 +257,20 @@ def test_unresolved_frame_in_a_known_file_keeps_mapping_and_address() -> None:
     (attr,) = [d.attribute_table[i] for i in mapping.attribute_indices]
     assert d.string_table[attr.key_strindex] == "process.executable.build_id.gnu"
     assert attr.value.string_value == "beef" * 10
+
+
+def test_sampled_stack_captures_are_said_on_every_profile() -> None:
+    snap = two_process_snapshot()
+    sampled = replace(snap, health=replace(snap.health, stack_sampling=True, stack_sampled_ratio=0.25))
+    request = _encode(sampled)
+    table = request.dictionary.attribute_table
+    strings = request.dictionary.string_table
+    profiles = [p for rp in request.resource_profiles for sp in rp.scope_profiles for p in sp.profiles]
+    assert len(profiles) == 4
+    for profile in profiles:
+        attrs = {strings[table[i].key_strindex]: table[i].value.double_value for i in profile.attribute_indices}
+        assert attrs == {"offcpu.stack_sampled_ratio": 0.25}
+    # Every block's stacks captured: nothing to say.
+    whole = _encode(replace(snap, health=replace(snap.health, stack_sampling=False)))
+    assert not any(p.attribute_indices for rp in whole.resource_profiles for sp in rp.scope_profiles
+                   for p in sp.profiles)
