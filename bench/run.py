@@ -5,7 +5,7 @@
 In order: scheduler overhead, where the probe's time goes (stack_cost), flush cost, steady state,
 then the symbolizer benchmark (bench/symbols_bench.py) and the /metrics load benchmark
 (bench/scrape_load.py) when they are present. Each is bounded in time; the whole run takes about
-4.5 minutes on the 2-core test machine (--quick: about 2.5). Needs root (BPF), gcc, bpftrace and
+6 minutes on the 2-core test machine (--quick: about 3). Needs root (BPF), gcc, bpftrace and
 perf (scripts/setup --test installs them).
 """
 
