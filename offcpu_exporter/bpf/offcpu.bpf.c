@@ -242,20 +242,6 @@ static __always_inline u32 sample(u32 tid, u64 now)
 }
 #endif
 
-/* A thread that is still off CPU by the maps is running (it switches out again, or exits): the
- * switch-in that ended its block was never reported. Seen where the sched_switch tracepoint does
- * not fire for some switches (a sandbox's hardened kernel that hides its own init's threads: the
- * switch from one of them to a watched thread goes unseen). The block's end is unknown, so it is
- * not counted, but it is counted as missed, so that nothing goes silently. A block user space
- * seeded for a thread that was in fact on its way to the CPU (in_progress.py) is not a miss. */
-static __always_inline void missed_switch_in(u32 tid)
-{
-	struct offcpu_start *s = start.lookup(&tid);
-	if (s && s->user_stack != OFFCPU_STACK_SEEDED)
-		stat_add(OFFCPU_STAT_MISSED_SWITCH_INS, 1);
-	marks.delete(&tid); /* user space's mark for that block, if any: it never ends now */
-}
-
 /* A watched thread leaves the CPU. In tracepoint mode (capture != 0) current is that thread:
  * its stacks are captured here, for a sample of its blocks. */
 static __always_inline void switch_out(void *ctx, u32 tid, u32 tgid, u32 reason, u64 now,
@@ -280,13 +266,10 @@ static __always_inline void switch_out(void *ctx, u32 tid, u32 tgid, u32 reason,
 		s->kernel_stack = capture_kernel_stack(ctx);
 		stat_add(OFFCPU_STAT_CAPTURES, 1);
 	}
-	u8 *o = off_cpu.lookup(&tid);
-	if (o && *o)
-		missed_switch_in(tid); /* the thread ran since its last switch-out, unseen */
 	if (start.update(&tid, s) != 0)
 		stat_add(OFFCPU_STAT_START_DROPPED, 1);
-	else if (o)
-		*o = 1;
+	else
+		mark_off_cpu(tid, 1);
 }
 
 /* The last switch-out of a thread that exited (do_task_dead()): it never runs again, so nothing
@@ -296,8 +279,6 @@ static __always_inline void switch_out(void *ctx, u32 tid, u32 tgid, u32 reason,
  * on its way to the CPU is ended here at the latest. Thread exits are rare next to switches. */
 static __always_inline void forget_thread(u32 tid)
 {
-	if (maybe_off_cpu(tid))
-		missed_switch_in(tid); /* counts only if a block of it is still stored */
 	start.delete(&tid);
 	mark_off_cpu(tid, 0);
 	marks.delete(&tid);
@@ -401,6 +382,42 @@ static __always_inline struct offcpu_control *control_now(void)
 	return control.lookup(&zero);
 }
 
+/* A thread about to switch out (or exiting) that the maps still hold off CPU: the switch-in that
+ * ended its last block was never reported. Seen where the sched_switch tracepoint does not fire for
+ * some switches: a sandbox's hardened kernel that hides its own agent's threads, so the switch from
+ * one of them to a watched thread goes unseen. The block is counted as ending when the thread was
+ * last picked to run: now minus the CPU time it has had since (sched_entity::sum_exec_runtime -
+ * prev_sum_exec_runtime, brought up to date by the scheduler before the switch is traced; the two
+ * differ by the interrupt time in between). It is also counted as missed, so that it shows. A block
+ * user space seeded for a thread that was in fact on its way to the CPU (in_progress.py) ends
+ * uncounted. Called before the switch-out's stack walks, like the switch-in of `next`. */
+static __always_inline void end_unseen_block(void *task, u32 tid, u64 now, struct offcpu_control *ctl)
+{
+	struct offcpu_start *s = start.lookup(&tid);
+	if (!s)
+		return;
+	if (s->user_stack == OFFCPU_STACK_SEEDED) {
+		start.delete(&tid);
+		mark_off_cpu(tid, 0);
+		return;
+	}
+	stat_add(OFFCPU_STAT_MISSED_SWITCH_INS, 1);
+#ifdef TASK_SE_RUNTIME_OFFSET
+	u64 sum = 0, picked = 0;
+	bpf_probe_read_kernel(&sum, sizeof(sum), (char *)task + TASK_SE_RUNTIME_OFFSET);
+	bpf_probe_read_kernel(&picked, sizeof(picked), (char *)task + TASK_SE_PREV_RUNTIME_OFFSET);
+	u64 ran = sum > picked ? sum - picked : 0;
+	u64 end = now > s->ts_ns + ran ? now - ran : s->ts_ns;
+	struct capture cap = {s->user_stack, s->kernel_stack, s->weight};
+	switch_in(s, tid, end, ctl, &cap);
+#else
+	/* Without BTF the run time cannot be read: the block is not counted. */
+	marks.delete(&tid);
+	start.delete(&tid);
+	mark_off_cpu(tid, 0);
+#endif
+}
+
 #ifdef OFFCPU_ATTACH_KPROBE
 /* Raw task state (task_struct::__state since 5.14) to a reason. prev may already be being woken
  * on another CPU while this runs: try_to_wake_up() sets TASK_WAKING before it waits for prev to
@@ -475,10 +492,16 @@ int offcpu_finish_task_switch(struct pt_regs *ctx, struct task_struct *prev)
 #else
 	long state = prev->state;
 #endif
-	if (state & TASK_DEAD)
-		forget_thread(prev->pid); /* watched or not: see forget_thread() */
-	else if (is_target(prev_tgid))
-		switch_out(ctx, prev->pid, prev_tgid, reason_of_task_state(prev, state), now, ctl, 0);
+	u32 prev_tid = prev->pid;
+	if (state & TASK_DEAD) {
+		if (maybe_off_cpu(prev_tid))
+			end_unseen_block(prev, prev_tid, now, ctl);
+		forget_thread(prev_tid); /* watched or not: see forget_thread() */
+	} else if (is_target(prev_tgid)) {
+		if (maybe_off_cpu(prev_tid))
+			end_unseen_block(prev, prev_tid, now, ctl);
+		switch_out(ctx, prev_tid, prev_tgid, reason_of_task_state(prev, state), now, ctl, 0);
+	}
 	return OFFCPU_KEEP_EVENT;
 }
 #endif
@@ -518,11 +541,16 @@ TRACEPOINT_PROBE(sched, sched_switch)
 
 	long state = args->prev_state;
 	if ((state & 0xff) && (state & 0x30)) { /* exit_state reported: the task is dead */
+		if (maybe_off_cpu((u32)id))
+			end_unseen_block((void *)bpf_get_current_task(), (u32)id, bpf_ktime_get_ns(), control_now());
 		forget_thread((u32)id);
 	} else if (is_target(tgid)) {
 		if (!now)
 			now = bpf_ktime_get_ns();
-		switch_out(args, (u32)id, tgid, reason_of_tracepoint_state(state), now, control_now(), 1);
+		struct offcpu_control *ctl = control_now();
+		if (maybe_off_cpu((u32)id))
+			end_unseen_block((void *)bpf_get_current_task(), (u32)id, now, ctl);
+		switch_out(args, (u32)id, tgid, reason_of_tracepoint_state(state), now, ctl, 1);
 	}
 	return OFFCPU_KEEP_EVENT;
 }
@@ -586,12 +614,18 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	}
 
 	u64 preempt = ctx->args[0], state = ctx->args[3];
+	void *prev = (void *)ctx->args[1];
 	if (!preempt && (state & RAW_TASK_DEAD)) { /* do_task_dead(): its last switch */
+		if (maybe_off_cpu((u32)id))
+			end_unseen_block(prev, (u32)id, bpf_ktime_get_ns(), control_now());
 		forget_thread((u32)id);
 	} else if (is_target(tgid)) {
 		if (!now)
 			now = bpf_ktime_get_ns();
-		switch_out(ctx, (u32)id, tgid, reason_of_raw_state(preempt, state), now, control_now(), 1);
+		struct offcpu_control *ctl = control_now();
+		if (maybe_off_cpu((u32)id))
+			end_unseen_block(prev, (u32)id, now, ctl);
+		switch_out(ctx, (u32)id, tgid, reason_of_raw_state(preempt, state), now, ctl, 1);
 	}
 	return OFFCPU_KEEP_EVENT; /* ignored for raw tracepoints; kept alike */
 }

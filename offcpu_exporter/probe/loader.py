@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets
+from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets, struct_member_offsets
 from offcpu_exporter.probe.compiler_memory import release_compiler_memory
 from offcpu_exporter.probe.kernel import KernelFacts, finish_task_switch_symbols, probe_kernel
 from offcpu_exporter.unwind import TableCache, UnwindConfig, Unwinder, UnwindMaps, bpf_text
@@ -214,6 +214,7 @@ class Probe:
                 raise ProbeError("raw tracepoint asked for, but task_struct.pid is not in /sys/kernel/btf/vmlinux")
         if mode == "kprobe":
             extra = self._task_load_bit()
+        extra = [*extra, *self._task_runtime_offsets()]
         source = (layout.BPF_DIR / layout.SOURCE).read_text()
         unwind = self._unwind_config(mode)
         if unwind is not None:
@@ -273,6 +274,23 @@ class Probe:
         log.warning("user stacks with frame pointers only: no BTF (5.15+) and no headers matching the kernel "
                     "to find a task's user registers for the DWARF unwinder")
         return None
+
+    def _task_runtime_offsets(self) -> list[str]:
+        """Where a task's run time since it was last picked is (task_struct::se.sum_exec_runtime and
+        se.prev_sum_exec_runtime): the end of a block whose switch-in the kernel did not report (see
+        end_unseen_block() in the BPF program). Without BTF such a block is not counted."""
+        if not self.facts.btf:
+            return []
+        try:
+            se = struct_member_offsets("task_struct", ["se"]).get("se")
+            runtime = struct_member_offsets("sched_entity", ["sum_exec_runtime", "prev_sum_exec_runtime"])
+        except BtfError as e:
+            log.warning("BTF unreadable (%s): blocks whose switch-in goes unreported are not counted", e)
+            return []
+        if se is None or len(runtime) != 2:
+            return []
+        return [f"-DTASK_SE_RUNTIME_OFFSET={se + runtime['sum_exec_runtime']}",
+                f"-DTASK_SE_PREV_RUNTIME_OFFSET={se + runtime['prev_sum_exec_runtime']}"]
 
     def _task_load_bit(self) -> list[str]:
         """Where task_struct::sched_contributes_to_load is: the reason of a task that is being woken

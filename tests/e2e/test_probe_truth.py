@@ -69,16 +69,16 @@ def test_exited_threads_leave_nothing_in_the_kernel(probe: Probe) -> None:
     # Each thread slept once before it exited, and every sleep that left the CPU was counted, once.
     # (Under load a few sleeps end before reaching schedule(): the workload counts its threads'
     # voluntary switches, getrusage's ru_nvcsw, around each sleep.)
-    # A block whose end the kernel never reported is not counted, but counted as missed (this
-    # machine's kernel does not report switches away from its sandbox agent's threads).
+    # Every sleep that left the CPU is counted, once: also those whose switch-in the kernel did not
+    # report (this machine's kernel hides the switches away from its sandbox agent's threads), which
+    # are counted as missed too.
     slept = result.threads[0].blocks
     assert slept >= threads * 0.95
     sleeps = sum(s.total.count for s in snap.samples
                  if s.process.pid == w.pid and s.reason == Reason.SLEEPING and s.stack.user
                  and s.stack.user[0].name == "offcpu_sleep_ms")
-    missed = snap.health.missed_switch_ins - missed_before
-    assert sleeps <= slept <= sleeps + missed
-    assert missed <= threads * 0.01
+    assert sleeps == slept
+    print(f"{slept} sleeps, {snap.health.missed_switch_ins - missed_before} switch-ins not reported")
     assert left == [], f"{len(left)} exited threads still hold a switch-out"
     assert set(marks) <= set(probe.read_starts()), "marks of threads that are gone"
     assert snap.health.map_entries[layout.MAP_START] < 100
