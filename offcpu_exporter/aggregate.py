@@ -663,8 +663,8 @@ class Aggregator:
             self._sampled_ratio = min(1.0, captures / blocks)
         missed = stats[layout.STAT_MISSED_SWITCH_INS] - self._stats_read[layout.STAT_MISSED_SWITCH_INS]
         if missed > 0:
-            self._warn.log(logging.WARNING, "%d blocks not counted: the kernel reported no switch-in ending them "
-                           "(offcpu_exporter_missed_switch_ins_total)", missed)
+            self._warn.log(logging.WARNING, "%d blocks ended by a switch-in the kernel did not report: counted up "
+                           "to when the thread was picked to run (offcpu_exporter_missed_switch_ins_total)", missed)
         self._stats_read = stats
         run_ns, runs = self.probe.run_time()
         walks: dict[str, int] = {}

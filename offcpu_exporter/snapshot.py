@@ -299,7 +299,7 @@ class Health:
     filtered_blocks: int = 0  # blocks outside --min-block/--max-block
     filtered_ns: int = 0
     blocks: int = 0  # blocks the kernel counted
-    missed_switch_ins: int = 0  # blocks whose end no sched_switch event reported: not counted
+    missed_switch_ins: int = 0  # blocks whose ending switch-in no sched_switch reported (end estimated)
     stack_captures: int = 0  # of those, the ones whose stacks were captured
     stack_sampling: bool = False  # captures are a bounded sample (else every block's)
     stack_sampled_ratio: float = 1.0  # captures / blocks over the last flush interval

@@ -22,7 +22,7 @@
                                           * created: counted under the thread's stackless key */
 #define OFFCPU_STAT_BLOCKS            8  /* blocks counted (switch-ins of watched threads) */
 #define OFFCPU_STAT_CAPTURES          9  /* blocks whose stacks were captured */
-#define OFFCPU_STAT_MISSED_SWITCH_INS 10 /* blocks whose end no sched_switch reported: not counted */
+#define OFFCPU_STAT_MISSED_SWITCH_INS 10 /* blocks whose switch-in went unreported */
 #define OFFCPU_STAT_MAX               11
 
 /* Block-duration histogram: slot 0 is < 1 us, slot i (1..25) is [2^(i-1), 2^i) us,

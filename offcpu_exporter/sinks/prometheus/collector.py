@@ -147,7 +147,7 @@ class OffCPUCollector:
             c("offcpu_exporter_blocks", "Blocks (off-CPU periods) the probe counted."),
             c(
                 "offcpu_exporter_missed_switch_ins",
-                "Blocks not counted because the kernel reported no switch-in ending them.",
+                "Blocks ended by a switch-in the kernel did not report (counted up to when the thread was picked).",
             ),
             c("offcpu_exporter_stack_captures", "Blocks whose stacks the probe captured."),
             g(
