@@ -120,17 +120,23 @@ def test_a_window_covers_exactly_its_time() -> None:
     """What `record --duration D` does: the window is [attach, attach + D]; threads blocked all
     along (since before the probe was attached) show D each, never more."""
     window_s = 3.0
-    config = ProbeConfig(attach=ATTACH, per_thread=True)
+    probe = Probe(ProbeConfig(attach=ATTACH, per_thread=True))
     with Workload("sleep", threads=2, iterations=1, interval_ms=int((window_s + 60) * 1000)) as w:
         w.go()
         time.sleep(0.2)  # both sleepers (and the main thread, joining) are off CPU now
-        with running_pipeline(pids=(w.pid,), probe_config=config, flush_interval=1.0) as p:
-            watched = ktime_ns()  # the targets are in the kernel filter, their blocks seeded, by now
-            end = p.probe.attached_ktime_ns + int(window_s * 1e9)
-            p.end_window_at(end)
+        probe.start()
+        try:
+            # The window's end is set before the pipeline's first flush, as `record` does: under
+            # emulation the pipeline may start only after the window has ended.
+            end = probe.attached_ktime_ns + int(window_s * 1e9)
+            probe.set_cutoff(end)
             seen: list[Snapshot] = []
-            p.sinks = [_Collect(seen)]
-            time.sleep(max(0.0, (end - ktime_ns()) / 1e9) + 0.5)  # the window ended a while ago
+            with running_pipeline(pids=(w.pid,), probe=probe, flush_interval=1.0, sinks=[_Collect(seen)]) as p:
+                watched = ktime_ns()  # the targets are in the kernel filter, their blocks seeded, by now
+                p.end_window_at(end)
+                time.sleep(max(0.0, (end - ktime_ns()) / 1e9) + 0.5)  # the window ended a while ago
+        finally:
+            probe.close()
         tids = [int(t) for t in os.listdir(f"/proc/{w.pid}/task")]
     last = seen[-1]
     profile = _profile(seen)

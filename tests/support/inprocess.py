@@ -27,10 +27,12 @@ FLUSH_TIMEOUT = 120.0
 def running_pipeline(*, pids: tuple[int, ...] = (), comm: str | None = None, per_thread: bool = True,
                      follow_children: bool = False, flush_interval: float = 0.5, watch_all: bool = False,
                      probe_config: ProbeConfig | None = None,
-                     aggregate: AggregateConfig | None = None, probe: Probe | None = None) -> Iterator[Pipeline]:
+                     aggregate: AggregateConfig | None = None, probe: Probe | None = None,
+                     sinks: list[Any] | None = None) -> Iterator[Pipeline]:
     """A pipeline on a new probe, or on `probe` (a started one shared by several tests, which saves
-    the compile: ~0.5 s here, ~25 s under the kernel matrix's emulation). A shared probe still holds
-    earlier tests' counters: they show up as exited processes, which tests select away by pid.
+    the compile: ~0.5 s here, ~25 s under the kernel matrix's emulation), with `sinks` from its first
+    flush on. A shared probe still holds earlier tests' counters: they show up as exited processes,
+    which tests select away by pid.
     Built by the same factory as the CLI's (offcpu_exporter.core)."""
     config = probe_config or (probe.config if probe is not None else
                               ProbeConfig(attach=ATTACH, per_thread=per_thread, follow_children=follow_children,
@@ -44,6 +46,8 @@ def running_pipeline(*, pids: tuple[int, ...] = (), comm: str | None = None, per
         assert isinstance(core.probe, Probe)
         core.probe.start()
     pipeline = core.pipeline
+    if sinks is not None:
+        pipeline.sinks = sinks  # before the first flush
     pipeline.sync_targets()
     pipeline.start()
     try:
