@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from offcpu_exporter import __version__
 from offcpu_exporter.sinks.otlp.metrics import OffcpuMetrics
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
-from offcpu_exporter.sinks.prometheus.selection import Selection
+from offcpu_exporter.sinks.prometheus.top_series import Selection
 from offcpu_exporter.snapshot import Counter, Frame, FrameKind, ProcessInfo, ProcessKey, Reason, Snapshot, Stack
 from tests.support.otlp_metrics import points, resource_of
 from tests.support.otlp_receivers import GrpcReceiver, HttpReceiver
