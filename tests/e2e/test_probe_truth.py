@@ -126,6 +126,7 @@ def test_a_window_covers_exactly_its_time() -> None:
         time.sleep(0.2)  # both sleepers (and the main thread, joining) are off CPU now
         with running_pipeline(pids=(w.pid,), probe_config=config, flush_interval=1.0) as p:
             watched = ktime_ns()  # the targets are in the kernel filter, their blocks seeded, by now
+            assert isinstance(p.probe, Probe)
             end = p.probe.attached_ktime_ns + int(window_s * 1e9)
             p.end_window_at(end)
             seen: list[Snapshot] = []
