@@ -145,7 +145,7 @@ def prometheus_render() -> Any:
     except ImportError:
         return None
     current: list[Any] = [None]
-    context = SinkContext(latest=lambda: current[0], flush_now=lambda timeout=0: current[0], routes=Routes())
+    context = SinkContext(latest=lambda: current[0], flush_now=lambda timeout: current[0], routes=Routes())
     sink = PrometheusSink(context)
     context.sinks.append(sink)
     request = Request("GET", "/metrics", {}, {"accept-encoding": "gzip"})
@@ -169,7 +169,7 @@ def measure_one(stacks: int, flushes: int, interval: float, profile: bool, rate:
     # Paced: a workload that spins on the CPU is preempted at random instructions, and every
     # preemption point is one more distinct (runnable) stack.
     proc = subprocess.Popen([str(binary), str(rate)], stdout=subprocess.PIPE, text=True)
-    probe = None
+    probe: Probe | None = None
     try:
         assert proc.stdout is not None
         if proc.stdout.readline().split()[:1] != ["ready"]:
@@ -178,8 +178,8 @@ def measure_one(stacks: int, flushes: int, interval: float, profile: bool, rate:
         core = build_core(CoreConfig(probe=ProbeConfig(attach=os.environ.get("OFFCPU_ATTACH", "auto"),
                                                        stack_storage=65536),
                                      rules=TargetRules(pids=(proc.pid,))))
+        assert isinstance(core.probe, Probe)
         probe = core.probe
-        assert isinstance(probe, Probe)
         probe.start()
         aggregator, pipeline = core.aggregator, core.pipeline
         pipeline.sync_targets()

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -60,7 +61,7 @@ def main() -> int:
 
     results = {}
     for fmt in ("folded", "text", "pprof", "html"):
-        seconds, data = timed(lambda fmt=fmt: render(fmt, profile))
+        seconds, data = timed(partial(render, fmt, profile))
         assert isinstance(data, bytes)
         results[fmt] = (seconds, len(data))
     base_t, base_size = results["folded"]

@@ -82,7 +82,8 @@ def measure(runs: int, round_trips: int, depth: int = 16, cpu: int | None = None
                     probe = Probe(ProbeConfig(attach=os.environ.get("OFFCPU_ATTACH", "auto"), stack_sampling=sampling))
                     probe.start()
                 mode = probe.mode
-                per_run, per_switch = [], []
+                per_run: list[float] = []
+                per_switch: list[float] = []
 
                 @contextlib.contextmanager
                 def watching(pid: int, probe: Probe = probe,

@@ -131,16 +131,16 @@ def measure(duration: float, warmup: float, rate: float, stacks: int, otlp: bool
     cores = (cpu1 - cpu0) / (t1 - t0)
     rate_seen = (sw1 - sw0) / (t1 - t0)
     how = "serve (defaults: every process), /metrics scraped every 15 s" if serve else "record (no HTTP, no OTLP)"
-    otlp = None
+    pushes: dict[str, int] | None = None
     if receiver is not None:
-        otlp = {"profiles": len(receiver.received.profiles), "metrics": len(receiver.received.metrics)}
-        how += f", OTLP gRPC pushes on ({otlp['profiles']} profile + {otlp['metrics']} metric requests)"
+        pushes = {"profiles": len(receiver.received.profiles), "metrics": len(receiver.received.metrics)}
+        how += f", OTLP gRPC pushes on ({pushes['profiles']} profile + {pushes['metrics']} metric requests)"
     details: dict[str, Any] = {
         "mode": how, "duration": t1 - t0, "warmup": warmup, "cpu_seconds": cpu1 - cpu0,
         "cpu_per_second": cores, "switches_per_second": rate_seen, "stacks": stacks,
         "vm_hwm_kib": hwm, "vm_rss_kib": rss, "steady_rss_max_kib": steady_rss,
         "rss_anon_kib": rss_anon, "rss_file_kib": rss_file,
-        "scrapes": scrapes, "otlp": otlp, "scrape_bytes": scrape_bytes, "context": context,
+        "scrapes": scrapes, "otlp": pushes, "scrape_bytes": scrape_bytes, "context": context,
     }
     note = f"{rate_seen:,.0f} switches/s, {stacks:,} stacks, {t1 - t0:.0f} s; {how}"
     result = Result("steady_state", details=details)

@@ -209,7 +209,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     options = parser.parse_args(argv)
     options._deprecated = deprecated
     if options.command == "serve":
-        from offcpu_exporter.web.config import WebConfigError
+        from offcpu_exporter.web.config_file import WebConfigError
         from offcpu_exporter.web.server import parse_listen_address
 
         try:
@@ -382,7 +382,7 @@ def cmd_serve(options: argparse.Namespace) -> int:
 
 def _drop_privileges(options: argparse.Namespace) -> str | None:
     from offcpu_exporter.privileges import PrivilegeError, drop_capabilities, kept_after_attach
-    from offcpu_exporter.web.config import WebConfigError
+    from offcpu_exporter.web.config_file import WebConfigError
     from offcpu_exporter.web.server import parse_listen_address
 
     try:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from offcpu_exporter.privileges import kept_after_attach
-from offcpu_exporter.probe import kernel as k
+from offcpu_exporter.probe import facts as k
 
 __all__ = ["run_doctor"]
 

@@ -1,6 +1,7 @@
-"""Kernel tests (`@pytest.mark.kernel`) load the real probe. Where the kernel cannot (no root, no
-BPF) they fail, so that CI never passes without them; a developer without root skips them
-explicitly with OFFCPU_SKIP_KERNEL=1 (ignored when CI is set)."""
+"""Kernel tests (`@pytest.mark.kernel`) load the real probe; root tests (`@pytest.mark.root`) read
+what only root may (real kallsyms addresses). Where they cannot run (no root, no BPF) they fail, so
+that CI never passes without them; a developer without root skips them explicitly with
+OFFCPU_SKIP_KERNEL=1 (ignored when CI is set)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import os
 import pytest
 
 
-def _kernel_unavailable() -> str | None:
+def _unavailable(probe: bool) -> str | None:
+    """Why this machine cannot run the test: root always, and for the probe tracefs and bcc too."""
     if os.geteuid() != 0:
-        return "needs root (CAP_BPF/CAP_PERFMON)"
+        return "needs root (CAP_BPF/CAP_PERFMON)" if probe else "needs root"
+    if not probe:
+        return None
     if not os.path.isdir("/sys/kernel/tracing/events") and not os.path.isdir("/sys/kernel/debug/tracing/events"):
         return "tracefs is not mounted (run scripts/setup)"
     try:
@@ -23,9 +27,12 @@ def _kernel_unavailable() -> str | None:
 
 @pytest.fixture(autouse=True)
 def _kernel_gate(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("kernel") is None:
+    if request.node.get_closest_marker("kernel") is not None:
+        reason = _unavailable(probe=True)
+    elif request.node.get_closest_marker("root") is not None:
+        reason = _unavailable(probe=False)
+    else:
         return
-    reason = _kernel_unavailable()
     if reason is None:
         return
     if os.environ.get("OFFCPU_SKIP_KERNEL") == "1" and not os.environ.get("CI"):

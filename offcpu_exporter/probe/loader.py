@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets, struct_member_offsets
 from offcpu_exporter.probe.compiler_memory import release_compiler_memory
-from offcpu_exporter.probe.kernel import KernelFacts, finish_task_switch_symbols, probe_kernel
+from offcpu_exporter.probe.facts import KernelFacts, finish_task_switch_symbols, probe_kernel
 from offcpu_exporter.unwind import TableCache, UnwindConfig, Unwinder, UnwindMaps, bpf_text
 from offcpu_exporter.unwind.build import build_in_child
 

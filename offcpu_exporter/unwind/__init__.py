@@ -7,8 +7,8 @@ and walked by the BPF program (offcpu_exporter/bpf/unwind.h). See docs/unwinding
   (:mod:`.kernel`) of a loaded program compiled with :mod:`.source`.
 """
 
+from offcpu_exporter.unwind.bpf_maps import UnwindMaps
 from offcpu_exporter.unwind.cache import TableCache
-from offcpu_exporter.unwind.kernel import UnwindMaps
 from offcpu_exporter.unwind.source import UnwindConfig, bpf_text
 from offcpu_exporter.unwind.unwinder import MappingUnwind, Unwinder
 

@@ -21,8 +21,8 @@ from offcpu_exporter.symbols.mapped import FileKey, open_mapped_file
 from offcpu_exporter.symbols.maps import Mapping, parse_maps
 from offcpu_exporter.unwind import layout
 from offcpu_exporter.unwind.allocator import RangeAllocator
+from offcpu_exporter.unwind.bpf_maps import UnwindMaps
 from offcpu_exporter.unwind.cache import TableCache
-from offcpu_exporter.unwind.kernel import UnwindMaps
 from offcpu_exporter.unwind.objects import ObjectError, build_in_process, object_layout
 from offcpu_exporter.unwind.table import UnwindTable
 

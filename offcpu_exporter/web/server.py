@@ -33,7 +33,7 @@ from offcpu_exporter.config import format_duration, seconds
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.web import Request, Response, Routes
 from offcpu_exporter.web.auth import BasicAuth
-from offcpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
+from offcpu_exporter.web.config_file import WebConfig, WebConfigError, load_web_config
 
 __all__ = ["WebOptions", "WebServer", "add_arguments", "parse_listen_address"]
 

@@ -7,10 +7,9 @@ import time
 from collections import defaultdict
 
 import pytest
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import NoteSection
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.elf_lookup import gnu_build_id
 from tests.support.exporter import ExporterProcess
 from tests.support.otlp_metrics import points
 from tests.support.otlp_profiles import check_request, decode
@@ -47,16 +46,6 @@ def _prometheus(text: str, name: str, pid: int) -> dict[tuple[tuple[str, str], .
             if sample.name == name and sample.labels.get("pid") == str(pid):
                 out[tuple(sorted(sample.labels.items()))] = sample.value
     return out
-
-
-def _gnu_build_id(path: str) -> str:
-    with open(path, "rb") as f:
-        for section in ELFFile(f).iter_sections():
-            if isinstance(section, NoteSection):
-                for note in section.iter_notes():
-                    if note["n_type"] == "NT_GNU_BUILD_ID":
-                        return str(note["n_desc"])
-    raise AssertionError(f"{path} has no GNU build id")
 
 
 def _mapping_build_ids(request) -> dict[str, str]:  # type: ignore[no-untyped-def]
@@ -136,7 +125,7 @@ def test_profiles_and_metrics_match_the_workload_and_metrics_page(protocol: str,
     build_ids: dict[str, str] = {}
     for r in got.profiles:
         build_ids.update(_mapping_build_ids(r))
-    assert build_ids[str(binary)] == _gnu_build_id(str(binary))
+    assert build_ids[str(binary)] == gnu_build_id(binary)
 
     # metrics: the last export (at shutdown) carries the same totals as /metrics
     final = points(got.metrics[-1])

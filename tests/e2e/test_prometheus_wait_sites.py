@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,7 +89,7 @@ def test_prometheus_finds_each_code_path_by_function_name(tmp_path: Path, worklo
 
     # The three code paths' stacks: one helper as the leaf, two of them with the same kernel function,
     # so the old labels alone cannot tell those two apart; the default labels can.
-    main = {}
+    main: dict[str, dict[str, Any]] = {}
     for r in stacks:
         fn = r["metric"]["app_function"]
         if fn in FUNCTIONS and float(r["value"][1]) > float(main.get(fn, {"value": (0, "0")})["value"][1]):

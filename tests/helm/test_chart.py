@@ -197,7 +197,7 @@ def test_the_exporter_loads_the_chart_web_config(tmp_path: Path) -> None:
     # The exporter's own web-config loader reads what the chart writes; the TLS files it names are the
     # mounted Secret's, made here with openssl and put where the config says (under tmp_path).
     from offcpu_exporter.web.auth import BasicAuth
-    from offcpu_exporter.web.config import load_web_config
+    from offcpu_exporter.web.config_file import load_web_config
 
     text = one(render(ALL_ON), "Secret")["stringData"]["web-config.yml"]
     tls_dir = tmp_path / "etc" / "offcpu-exporter" / "tls"

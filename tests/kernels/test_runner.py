@@ -20,8 +20,8 @@ MATRIX = HERE / "matrix.sh"
 
 pytestmark = [
     pytest.mark.slow,
+    # Boots a VM and loads BPF programs: needs root, so without it the test fails (tests/conftest.py).
     pytest.mark.kernel,
-    pytest.mark.skipif(os.geteuid() != 0, reason="boots a VM and loads BPF programs: needs root"),
     # A guest would boot another guest under emulation in emulation.
     pytest.mark.skipif("OFFCPU_GUEST_KERNEL" in os.environ, reason="already inside a kernel-matrix guest"),
 ]

@@ -64,8 +64,8 @@ U1, U2, K1, K2 = 0x1001_0000, 0x1002_0000, 0x2001_0000, 0x2002_0000  # stack ids
 KEY = key(42, U1, K1)
 
 
-def _kernel(**config: object) -> MemoryMaps:
-    kernel = MemoryMaps(**config)
+def _kernel(per_thread: bool = False) -> MemoryMaps:
+    kernel = MemoryMaps(per_thread=per_thread)
     kernel.stacks = {U1: (0x10, 0x20), U2: (0x30,), K1: (0xA, 0xB), K2: (0xC,)}
     return kernel
 

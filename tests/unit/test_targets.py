@@ -28,7 +28,8 @@ def test_pid_reuse_is_not_the_old_process(tmp_path: Path) -> None:
     assert [p.key.start_ticks for p in exited] == [100]
     assert added == []  # --pid 10 meant the process that started at tick 100
     assert table.watched_pids() == set()
-    assert table.latest(10).key.start_ticks == 100  # its last counts are still its own
+    latest = table.latest(10)
+    assert latest is not None and latest.key.start_ticks == 100  # its last counts are still its own
     assert table.expire(60, now=30.0) == []
     assert [p.comm for p in table.expire(60, now=61.0)] == ["app"]
 
@@ -87,5 +88,7 @@ def test_a_reused_pid_is_reported_with_the_process_that_held_it(tmp_path: Path) 
     table.refresh(now=2.0)  # the new one is found
     events = table.take_events()
     assert [type(e) for e in events] == [Replaced]
-    assert (events[0].old.start_ticks, events[0].new.key.start_ticks) == (100, 555)
+    replaced = events[0]
+    assert isinstance(replaced, Replaced)
+    assert (replaced.old.start_ticks, replaced.new.key.start_ticks) == (100, 555)
     assert table.take_events() == []

@@ -45,7 +45,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from offcpu_exporter import __version__
 from offcpu_exporter.sinks import SinkStats
-from offcpu_exporter.sinks.prometheus.selection import Selection, one_per_pid
+from offcpu_exporter.sinks.prometheus.top_series import Selection, one_per_pid
 from offcpu_exporter.snapshot import ZERO, Counter, ProcessView, Reason, Snapshot
 
 from .endpoints import OtlpConfig

@@ -16,7 +16,7 @@ from prometheus_client.utils import floatToGoString
 
 import offcpu_exporter
 from offcpu_exporter.sinks import Sink
-from offcpu_exporter.sinks.prometheus.selection import (
+from offcpu_exporter.sinks.prometheus.top_series import (
     FoldedProcesses,
     ProcessSeries,
     Selection,

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from offcpu_exporter.sinks import SinkContext, SinkStats
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
 from offcpu_exporter.sinks.prometheus.exposition import ExpositionCache
-from offcpu_exporter.sinks.prometheus.selection import Selection
+from offcpu_exporter.sinks.prometheus.top_series import Selection
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.waitsite import CALL_PATH_FRAMES
 from offcpu_exporter.web import Request, Response

@@ -51,7 +51,7 @@ class Program:
 
     def read_until(self, word: str, timeout: float = 20.0) -> list[str]:
         assert self.proc.stdout is not None
-        lines = []
+        lines: list[str] = []
         deadline = time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
         while True:

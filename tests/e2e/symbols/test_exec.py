@@ -44,7 +44,8 @@ def test_stacks_after_an_exec_are_named_from_the_new_program(
     program.command(f"exec {second}", until="ready")
     assert program.addresses["wait_function"] == address, "the two builds differ in layout: no overlap to test"
     pipeline.sync_targets()
-    assert table.info(program.pid) is not None and table.info(program.pid).exe == str(second)
+    info = table.info(program.pid)
+    assert info is not None and info.exe == str(second)
     del kernel.counts[key]
     kernel.stacks[0x2_0000] = (address,)
     kernel.counts[stack_key(program.pid, 0x2_0000, no_kernel_stack, Reason.SLEEPING.value)] = exact(1, 1_000)

@@ -15,6 +15,8 @@ from elftools.elf.elffile import ELFFile
 from offcpu_exporter.snapshot import FrameKind
 from offcpu_exporter.symbols import Symbolizer
 from tests.e2e.symbols.programs import Program, compile_c, need
+from tests.support.elf_lookup import gnu_build_id, symbol_table
+from tests.support.elf_lookup import symbol as elf_symbol
 
 RunProgram = Callable[..., Program]
 
@@ -22,18 +24,6 @@ RunProgram = Callable[..., Program]
 def elf_type(path: Path) -> str:
     with open(path, "rb") as f:
         return str(ELFFile(f)["e_type"])
-
-
-def build_id(path: Path) -> str:
-    with open(path, "rb") as f:
-        note = next(
-            n
-            for s in ELFFile(f).iter_sections()
-            if s["sh_type"] == "SHT_NOTE"
-            for n in s.iter_notes()
-            if n["n_type"] == "NT_GNU_BUILD_ID"
-        )
-        return str(note["n_desc"])
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +69,14 @@ def test_own_functions_by_address(binaries: dict[str, Path], run: RunProgram, va
     for frame in frames:
         assert frame.kind is FrameKind.NATIVE
         assert frame.module == str(binary)
-        assert frame.build_id == build_id(binary)
+        assert frame.build_id == gnu_build_id(binary)
     # Inside a function (not at its start) still names it; the file offset is consistent.
     inside = sym.user(program.pid, [program.addresses["symbols_blocking_sleep"] + 5])[0]
     assert inside.name == "symbols_blocking_sleep"
     assert inside.offset == frames[3].offset + 5
     with open(binary, "rb") as f:
         elf = ELFFile(f)
-        symbol = elf.get_section_by_name(".symtab").get_symbol_by_name("symbols_alpha")[0]
+        symbol = elf_symbol(elf, ".symtab", "symbols_alpha")
         text = next(s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_flags"] & 1)
         expected_offset = symbol["st_value"] - text["p_vaddr"] + text["p_offset"]
     assert frames[0].offset == expected_offset
@@ -169,10 +159,9 @@ def test_stripped_binary_debuglink_crc_mismatch_is_ignored(
 
 
 def test_stripped_binary_build_id(binaries: dict[str, Path], run: RunProgram, tmp_path: Path) -> None:
-    stripped, debug = _stripped_with_debug(
-        binaries["pie"], tmp_path / "bin" if (tmp_path / "bin").mkdir() is None else tmp_path
-    )
-    bid = build_id(stripped)
+    (tmp_path / "bin").mkdir()
+    stripped, debug = _stripped_with_debug(binaries["pie"], tmp_path / "bin")
+    bid = gnu_build_id(stripped)
     debug_root = tmp_path / "debug"
     target = debug_root / ".build-id" / bid[:2] / f"{bid[2:]}.debug"
     target.parent.mkdir(parents=True)
@@ -292,7 +281,7 @@ def _libc_function_address(pid: int) -> int:
     first = rows[0]
     base = int(first[0].split("-")[0], 16) - int(first[2], 16)
     with open(first[5], "rb") as f:
-        value = ELFFile(f).get_section_by_name(".dynsym").get_symbol_by_name("nanosleep")[0]["st_value"]
+        value = elf_symbol(ELFFile(f), ".dynsym", "nanosleep")["st_value"]
     return base + value
 
 
@@ -417,10 +406,10 @@ def test_minidebuginfo(binaries: dict[str, Path], run: RunProgram, tmp_path: Pat
     binary = binaries["pie"]
     with open(binary, "rb") as f:
         elf = ELFFile(f)
-        dynamic = {s.name for s in elf.get_section_by_name(".dynsym").iter_symbols()}
+        dynamic = {s.name for s in symbol_table(elf, ".dynsym").iter_symbols()}
         functions = {
             s.name
-            for s in elf.get_section_by_name(".symtab").iter_symbols()
+            for s in symbol_table(elf, ".symtab").iter_symbols()
             if s["st_info"]["type"] == "STT_FUNC" and s["st_shndx"] != "SHN_UNDEF"
         }
     keep = tmp_path / "keep_symbols"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from offcpu_exporter.probe.btf import struct_member_offsets
-from offcpu_exporter.probe.kernel import finish_task_switch_symbols
+from offcpu_exporter.probe.facts import finish_task_switch_symbols
 from offcpu_exporter.unwind import TableCache, UnwindConfig, Unwinder, UnwindMaps, bpf_text, layout
 
 SOURCE = Path(__file__).resolve().parent / "harness.bpf.c"

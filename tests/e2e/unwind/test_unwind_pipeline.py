@@ -11,6 +11,7 @@ import pytest
 
 from offcpu_exporter.aggregate import reaches_root
 from offcpu_exporter.formats import Profile, ProfileFilter
+from offcpu_exporter.snapshot import Frame
 from tests.e2e.unwind.test_unwind_kernel import OMIT_FP, TARGET, gdb_backtraces, start
 from tests.support.inprocess import FLUSH_TIMEOUT, running_pipeline
 from tests.support.workloads import build
@@ -48,7 +49,7 @@ def test_code_without_frame_pointers_has_complete_stacks_named_as_gdb_names_them
     assert share >= 0.9
     # Each thread's main stack (where it blocks) is gdb's backtrace of it, frame for frame: the
     # program's own functions by name, and as many frames.
-    ours = {}
+    ours: dict[int, tuple[Frame, ...]] = {}
     for s in sorted(profile.samples, key=lambda s: -s.value.ns):
         ours.setdefault(s.tid, s.stack.user)
     assert len(gdb) == 4

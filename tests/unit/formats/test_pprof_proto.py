@@ -4,6 +4,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from google.protobuf.message import Message
 
 from offcpu_exporter.formats.proto import regenerate
 
@@ -48,7 +49,7 @@ def test_field_numbers_are_the_wire_contract() -> None:
     """The numbers from the pprof schema (specs/otlp-and-pprof.md); a renumbering breaks every reader."""
     from offcpu_exporter.formats.proto import profile_pb2 as pb
 
-    expected = {
+    expected: dict[type[Message], dict[str, int]] = {
         pb.Profile: {
             "sample_type": 1,
             "sample": 2,

@@ -9,6 +9,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from offcpu_exporter.symbols.elf import ElfFormatError, RawSymbols, SymbolTable, read_elf
+from tests.support.elf_lookup import notes, section, symbol
 
 ASM = r"""
     .text
@@ -54,7 +55,7 @@ def shared_object(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def symbol_value(path: Path, name: str) -> int:
     with open(path, "rb") as f:
-        return int(ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(name)[0]["st_value"])
+        return int(symbol(ELFFile(f), ".symtab", name)["st_value"])
 
 
 def table_of(path: Path) -> SymbolTable:
@@ -91,8 +92,8 @@ def test_build_id_and_segments(shared_object: Path) -> None:
     with open(shared_object, "rb") as f:
         info = read_elf(f, shared_object.stat().st_size)
         elf = ELFFile(f)
-        note = next(n for s in elf.iter_sections() if s["sh_type"] == "SHT_NOTE" for n in s.iter_notes())
-        text = elf.get_section_by_name(".text")
+        note = next(notes(elf))
+        text = section(elf, ".text")
     assert info.build_id == note["n_desc"]
     assert info.elf_type == "ET_DYN"
     assert info.file_offset_to_vaddr(text["sh_offset"]) == text["sh_addr"]

@@ -19,7 +19,7 @@ import pytest
 from offcpu_exporter.web import Request, Response, Routes
 from offcpu_exporter.web import auth as auth_module
 from offcpu_exporter.web.auth import BasicAuth
-from offcpu_exporter.web.config import WebConfigError, load_web_config
+from offcpu_exporter.web.config_file import WebConfigError, load_web_config
 from offcpu_exporter.web.server import WebOptions, WebServer, accepts_gzip
 from tests.support.tls import openssl, self_signed
 

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from offcpu_exporter import __version__
 from offcpu_exporter.sinks.otlp.metrics import OffcpuMetrics
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
-from offcpu_exporter.sinks.prometheus.selection import Selection
+from offcpu_exporter.sinks.prometheus.top_series import Selection
 from offcpu_exporter.snapshot import Counter, Frame, FrameKind, ProcessInfo, ProcessKey, Reason, Snapshot, Stack
 from tests.support.otlp_metrics import points, resource_of
 from tests.support.otlp_receivers import GrpcReceiver, HttpReceiver
@@ -27,7 +27,7 @@ def _stack(i: int) -> Stack:
 def _prometheus_rows(snapshot: Snapshot, selection: Selection) -> dict[tuple[str, ...], float]:
     reg = CollectorRegistry()
     reg.register(OffCPUCollector(lambda: snapshot, lambda: [], selection, bcc="test"))
-    out = {}
+    out: dict[tuple[str, ...], float] = {}
     for family in text_string_to_metric_families(generate_latest(reg).decode()):
         for sample in family.samples:
             labels = sample.labels
@@ -40,7 +40,7 @@ def _prometheus_rows(snapshot: Snapshot, selection: Selection) -> dict[tuple[str
 
 def _otlp_rows(metrics: OffcpuMetrics) -> dict[tuple[str, ...], float]:
     rows = metrics.rows()
-    out = {}
+    out: dict[tuple[str, ...], float] = {}
     for name, observations, key in (
         ("offcpu_seconds_total", rows.process_time, "offcpu.reason"),
         ("offcpu_switches_total", rows.process_switches, "offcpu.reason"),
@@ -48,6 +48,7 @@ def _otlp_rows(metrics: OffcpuMetrics) -> dict[tuple[str, ...], float]:
         ("offcpu_stack_switches_total", rows.stack_switches, "offcpu.stack_id"),
     ):
         for o in observations:
+            assert o.attributes is not None
             pid = str(o.attributes.get("process.pid", "other"))
             out[(name, pid, str(o.attributes[key]))] = o.value
     return out

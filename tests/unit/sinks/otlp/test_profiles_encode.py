@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from offcpu_exporter.sinks.otlp.profiles_encode import (
     jit_runtime,
 )
 from offcpu_exporter.snapshot import Counter, Reason
+from tests.support import golden
 from tests.support.otlp_profiles import check_request, decode
 from tests.support.snapshots import (
     APP,
@@ -238,9 +238,7 @@ def test_golden() -> None:
     """The whole request in text form. Regenerate with OFFCPU_UPDATE_GOLDEN=1 after a deliberate change."""
     text = text_format.MessageToString(_encode(two_process_snapshot()))
     text = text.replace(f'version: "{__version__}"', 'version: "VERSION"')
-    if os.environ.get("OFFCPU_UPDATE_GOLDEN") == "1":
-        GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(text)
+    golden.rewrite_if_requested(GOLDEN, text)
     assert text == GOLDEN.read_text()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 from google.protobuf import json_format
@@ -20,6 +19,7 @@ from offcpu_exporter.sinks.skywalking.encode import (
 )
 from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
 from offcpu_exporter.snapshot import Counter, Reason, Stack
+from tests.support import golden
 from tests.support.snapshots import (
     EMPTY,
     KERNEL_ONLY,
@@ -63,19 +63,18 @@ def test_golden_messages() -> None:
         ]
         for key, messages in encoded.items()
     }
-    if os.environ.get("UPDATE_GOLDEN"):
-        GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(
-            json.dumps(
-                {
-                    "made_by": "UPDATE_GOLDEN=1 pytest tests/unit/sinks/skywalking/test_skywalking_encode.py",
-                    "checked_by_hand": "kernel half first, each half leaf first, sums over threads",
-                    "messages": actual,
-                },
-                indent=1,
-            )
-            + "\n"
+    golden.rewrite_if_requested(
+        GOLDEN,
+        json.dumps(
+            {
+                "made_by": "OFFCPU_UPDATE_GOLDEN=1 pytest tests/unit/sinks/skywalking/test_skywalking_encode.py",
+                "checked_by_hand": "kernel half first, each half leaf first, sums over threads",
+                "messages": actual,
+            },
+            indent=1,
         )
+        + "\n",
+    )
     assert actual == json.loads(GOLDEN.read_text())["messages"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 from offcpu_exporter.sinks.skywalking.proto import generate
 from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2
@@ -13,7 +14,7 @@ from tests.support.gencode import stale_descriptors
 
 T = FieldDescriptor
 # (message, field, number, type, repeated, message type or enum or oneof) from the protocol facts.
-FACTS = [
+FACTS: list[tuple[type[Message], str, int, int, bool, str | None]] = [
     (Common_pb2.KeyStringValuePair, "key", 1, T.TYPE_STRING, False, None),
     (Common_pb2.KeyStringValuePair, "value", 2, T.TYPE_STRING, False, None),
     (Common_pb2.Command, "command", 1, T.TYPE_STRING, False, None),
