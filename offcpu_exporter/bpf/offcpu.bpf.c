@@ -418,6 +418,22 @@ static __always_inline void end_unseen_block(void *task, u32 tid, u64 now, struc
 #endif
 }
 
+/* prev leaves the CPU. A block the maps still hold for it ended unseen (end_unseen_block()); then
+ * either this is its last switch (it exited: its entries go) or, watched, a new block starts. */
+static __always_inline void prev_leaves(void *ctx, void *task, u32 tid, u32 tgid, int dead, u32 reason, u64 now,
+					int capture)
+{
+	if (!now)
+		now = bpf_ktime_get_ns();
+	struct offcpu_control *ctl = control_now();
+	if (maybe_off_cpu(tid))
+		end_unseen_block(task, tid, now, ctl);
+	if (dead)
+		forget_thread(tid); /* watched or not: see forget_thread() */
+	else
+		switch_out(ctx, tid, tgid, reason, now, ctl, capture);
+}
+
 #ifdef OFFCPU_ATTACH_KPROBE
 /* Raw task state (task_struct::__state since 5.14) to a reason. prev may already be being woken
  * on another CPU while this runs: try_to_wake_up() sets TASK_WAKING before it waits for prev to
@@ -484,7 +500,6 @@ int offcpu_finish_task_switch(struct pt_regs *ctx, struct task_struct *prev)
 		switch_in(s, tid, now, control_now(), cap);
 	}
 
-	struct offcpu_control *ctl = control_now();
 	u32 prev_tgid = prev->tgid;
 
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(5, 14, 0)
@@ -492,16 +507,9 @@ int offcpu_finish_task_switch(struct pt_regs *ctx, struct task_struct *prev)
 #else
 	long state = prev->state;
 #endif
-	u32 prev_tid = prev->pid;
-	if (state & TASK_DEAD) {
-		if (maybe_off_cpu(prev_tid))
-			end_unseen_block(prev, prev_tid, now, ctl);
-		forget_thread(prev_tid); /* watched or not: see forget_thread() */
-	} else if (is_target(prev_tgid)) {
-		if (maybe_off_cpu(prev_tid))
-			end_unseen_block(prev, prev_tid, now, ctl);
-		switch_out(ctx, prev_tid, prev_tgid, reason_of_task_state(prev, state), now, ctl, 0);
-	}
+	int dead = (state & TASK_DEAD) != 0;
+	if (dead || is_target(prev_tgid))
+		prev_leaves(ctx, prev, prev->pid, prev_tgid, dead, reason_of_task_state(prev, state), now, 0);
 	return OFFCPU_KEEP_EVENT;
 }
 #endif
@@ -540,18 +548,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	}
 
 	long state = args->prev_state;
-	if ((state & 0xff) && (state & 0x30)) { /* exit_state reported: the task is dead */
-		if (maybe_off_cpu((u32)id))
-			end_unseen_block((void *)bpf_get_current_task(), (u32)id, bpf_ktime_get_ns(), control_now());
-		forget_thread((u32)id);
-	} else if (is_target(tgid)) {
-		if (!now)
-			now = bpf_ktime_get_ns();
-		struct offcpu_control *ctl = control_now();
-		if (maybe_off_cpu((u32)id))
-			end_unseen_block((void *)bpf_get_current_task(), (u32)id, now, ctl);
-		switch_out(args, (u32)id, tgid, reason_of_tracepoint_state(state), now, ctl, 1);
-	}
+	int dead = (state & 0xff) && (state & 0x30); /* exit_state reported */
+	if (dead || is_target(tgid))
+		prev_leaves(args, (void *)bpf_get_current_task(), (u32)id, tgid, dead, reason_of_tracepoint_state(state),
+			    now, 1);
 	return OFFCPU_KEEP_EVENT;
 }
 #endif
@@ -615,18 +615,9 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 
 	u64 preempt = ctx->args[0], state = ctx->args[3];
 	void *prev = (void *)ctx->args[1];
-	if (!preempt && (state & RAW_TASK_DEAD)) { /* do_task_dead(): its last switch */
-		if (maybe_off_cpu((u32)id))
-			end_unseen_block(prev, (u32)id, bpf_ktime_get_ns(), control_now());
-		forget_thread((u32)id);
-	} else if (is_target(tgid)) {
-		if (!now)
-			now = bpf_ktime_get_ns();
-		struct offcpu_control *ctl = control_now();
-		if (maybe_off_cpu((u32)id))
-			end_unseen_block(prev, (u32)id, now, ctl);
-		switch_out(ctx, (u32)id, tgid, reason_of_raw_state(preempt, state), now, ctl, 1);
-	}
+	int dead = !preempt && (state & RAW_TASK_DEAD); /* do_task_dead(): its last switch */
+	if (dead || is_target(tgid))
+		prev_leaves(ctx, prev, (u32)id, tgid, dead, reason_of_raw_state(preempt, state), now, 1);
 	return OFFCPU_KEEP_EVENT; /* ignored for raw tracepoints; kept alike */
 }
 #endif
