@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from offcpu_exporter.sinks import SinkContext
+from offcpu_exporter.sinks.prometheus.options import PrometheusOptions
 from offcpu_exporter.sinks.prometheus.sink import PrometheusSink
 from offcpu_exporter.web import Routes
 from offcpu_exporter.web.server import WebOptions, WebServer
@@ -74,7 +75,7 @@ def run(label: str, args: argparse.Namespace, cache: bool) -> dict[str, float]:
     current = [scrape_snapshot(1, args.processes, args.stacks)]
     routes = Routes()
     ctx = SinkContext(latest=lambda: current[0], flush_now=lambda t: current[0], routes=routes)
-    sink = PrometheusSink(ctx, top_stacks=args.stacks, max_processes=args.processes)
+    sink = PrometheusSink(ctx, PrometheusOptions(top_stacks=args.stacks, max_processes=args.processes))
     ctx.sinks.append(sink)
     if not cache:
         # Every scrape renders, as without the cache.

@@ -45,7 +45,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from offcpu_exporter import __version__
 from offcpu_exporter.sinks import SinkStats
-from offcpu_exporter.sinks.prometheus.top_series import Selection, one_per_pid
+from offcpu_exporter.sinks.prometheus.top_series import DEFAULT_LIMITS, Selection, one_per_pid
 from offcpu_exporter.snapshot import ZERO, Counter, ProcessView, Reason, Snapshot
 
 from .endpoints import OtlpConfig
@@ -95,7 +95,7 @@ class OffcpuMetrics:
         latest: Callable[[], Snapshot],
         top_stacks: int,
         stack_attribute: bool = False,
-        max_processes: int = 200,
+        max_processes: int = DEFAULT_LIMITS.max_processes,
     ) -> None:
         self._latest = latest
         self._selection = Selection(max_processes=max_processes, top_stacks=top_stacks)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from offcpu_exporter.config import positive_int, seconds
+from offcpu_exporter.sinks.prometheus.top_series import DEFAULT_LIMITS
 
 __all__ = [
     "COMPRESSIONS",
@@ -140,7 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         dest="otlp_top_stacks",
         metavar="K",
         type=positive_int,
-        default=10,
+        default=DEFAULT_LIMITS.top_stacks,
         help="per-stack metrics: at most K stacks per process, the rest summed in stack_id=other "
         "(default: %(default)s)",
     )
@@ -149,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         dest="otlp_max_processes",
         metavar="N",
         type=_non_negative_int,
-        default=200,
+        default=DEFAULT_LIMITS.max_processes,
         help="processes with their own metric series; the rest are summed in one series with "
         "process.executable.name=other (0: no limit; default: %(default)s)",
     )

@@ -28,7 +28,7 @@ from offcpu_exporter.formats import Profile, ProfileFilter
 from offcpu_exporter.formats import flamegraph as flamegraph_format
 from offcpu_exporter.formats import pprof as pprof_format
 from offcpu_exporter.sinks import SinkContext, SinkStats
-from offcpu_exporter.sinks.pprof.options import FLAMEGRAPH_PATH, PROFILE_PATH, enabled
+from offcpu_exporter.sinks.pprof.options import FLAMEGRAPH_PATH, PROFILE_PATH, PprofOptions, enabled
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.web import Request, Response, Routes
 
@@ -48,12 +48,7 @@ _WARN_EVERY = 60.0
 def create(options: argparse.Namespace, context: SinkContext) -> PprofSink | None:
     if not enabled(options):
         return None
-    sink = PprofSink(
-        context,
-        max_seconds=getattr(options, "pprof_max_seconds", 300.0),
-        max_concurrent=int(getattr(options, "pprof_max_concurrent", 4)),
-        max_minutes=getattr(options, "flamegraph_max_minutes", 60.0),
-    )
+    sink = PprofSink(context, PprofOptions.from_args(options))
     sink.register(context.routes)
     return sink
 
@@ -107,9 +102,7 @@ def _describe(keep: ProfileFilter) -> str:
 
 
 def _text(status: int, message: str) -> Response:
-    return Response(
-        status, (message.rstrip("\n") + "\n").encode(), headers={"X-Content-Type-Options": "nosniff"}
-    )
+    return Response(status, (message.rstrip("\n") + "\n").encode(), headers={"X-Content-Type-Options": "nosniff"})
 
 
 class PprofSink:
@@ -118,16 +111,14 @@ class PprofSink:
     def __init__(
         self,
         context: SinkContext,
-        max_seconds: float = 300.0,
-        max_concurrent: int = 4,
-        max_minutes: float = 60.0,
+        options: PprofOptions,
     ) -> None:
         self.stats = SinkStats()
         self._context = context
-        self.max_seconds = max_seconds
-        self.max_minutes = max_minutes
-        self._max_concurrent = max_concurrent
-        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self.max_seconds = options.max_seconds
+        self.max_minutes = options.max_minutes
+        self._max_concurrent = options.max_concurrent
+        self._slots = threading.BoundedSemaphore(options.max_concurrent)
         self._closing = threading.Event()
         self._warned: dict[str, float] = {}
 
@@ -199,9 +190,7 @@ class PprofSink:
         the two snapshots' totals."""
         span = max(0.0, (after.time_ns - before.time_ns) / 1e9) + 5.0
         try:
-            history = [
-                s for s in self._context.history(span) if before.sequence <= s.sequence <= after.sequence
-            ]
+            history = [s for s in self._context.history(span) if before.sequence <= s.sequence <= after.sequence]
         except Exception as e:
             self._warn("history", "pprof: snapshot history unavailable: %s", e)
             history = []

@@ -3,11 +3,49 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from offcpu_exporter.config import positive_int
+from offcpu_exporter.sinks.prometheus.top_series import DEFAULT_LIMITS
 from offcpu_exporter.waitsite import CALL_PATH_FRAMES
 
-__all__ = ["add_arguments", "enabled"]
+__all__ = ["DEFAULTS", "PrometheusOptions", "add_arguments", "enabled"]
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusOptions:
+    """The output's settings; the defaults here are the flags' defaults."""
+
+    path: str = "/metrics"
+    top_stacks: int = DEFAULT_LIMITS.top_stacks
+    max_processes: int = DEFAULT_LIMITS.max_processes  # 0: no limit
+    top_threads: int = DEFAULT_LIMITS.top_threads
+    call_path_frames: int = CALL_PATH_FRAMES
+    stack_label: bool = False
+    per_thread: bool = False  # the core's --per-thread: per-thread series
+
+    def __post_init__(self) -> None:
+        if not self.path.startswith("/"):
+            raise ValueError(f"--web.telemetry-path must start with '/': {self.path!r}")
+        if self.top_stacks < 0 or self.max_processes < 0 or self.top_threads < 0:
+            raise ValueError(
+                "--prometheus.top-stacks, --prometheus.top-threads and --prometheus.max-processes must not be negative"
+            )
+
+    @classmethod
+    def from_args(cls, options: argparse.Namespace) -> PrometheusOptions:
+        return cls(
+            path=options.web_telemetry_path,
+            top_stacks=options.prometheus_top_stacks,
+            max_processes=options.prometheus_max_processes,
+            top_threads=options.prometheus_top_threads,
+            call_path_frames=options.prometheus_call_path_frames,
+            stack_label=options.prometheus_stack_label,
+            per_thread=getattr(options, "per_thread", False),
+        )
+
+
+DEFAULTS = PrometheusOptions()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--web.telemetry-path",
         dest="web_telemetry_path",
-        default="/metrics",
+        default=DEFAULTS.path,
         metavar="PATH",
         help="path under which the metrics are served (default %(default)s)",
     )
@@ -23,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prometheus.top-stacks",
         dest="prometheus_top_stacks",
         type=int,
-        default=10,
+        default=DEFAULTS.top_stacks,
         metavar="K",
         help="stacks per process with their own series, by off-CPU time; the rest are summed "
         'in stack_id="other" (default %(default)s)',
@@ -32,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prometheus.max-processes",
         dest="prometheus_max_processes",
         type=int,
-        default=200,
+        default=DEFAULTS.max_processes,
         metavar="N",
         help='processes with their own series; the rest are summed in pid="other" (0: no limit; default %(default)s)',
     )
@@ -40,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prometheus.top-threads",
         dest="prometheus_top_threads",
         type=int,
-        default=10,
+        default=DEFAULTS.top_threads,
         metavar="K",
         help="with --per-thread: threads per process with their own series, by off-CPU time; the rest are "
         'summed in tid="other" (default %(default)s)',
@@ -49,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prometheus.call-path-frames",
         dest="prometheus_call_path_frames",
         type=positive_int,
-        default=CALL_PATH_FRAMES,
+        default=DEFAULTS.call_path_frames,
         metavar="N",
         help="frames in the call_path label of the per-stack series: the wait site and its callers "
         "(default %(default)s)",

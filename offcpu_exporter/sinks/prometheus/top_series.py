@@ -125,8 +125,7 @@ class _Slots(Generic[Id, Base]):
     last: dict[Id, Counter] = field(default_factory=dict)
     last_time_ns: int = 0
 
-    def update(self, k: int, totals: Mapping[Id, Counter], values: Mapping[Id, Base], zero: Base,
-               time_ns: int) -> int:
+    def update(self, k: int, totals: Mapping[Id, Counter], values: Mapping[Id, Base], zero: Base, time_ns: int) -> int:
         """Rescores and reassigns the slots; returns how many ids seen for the first time got none."""
         self._score(totals, time_ns)
         return self._choose(k, totals, values, zero)
@@ -169,8 +168,25 @@ class _Slots(Generic[Id, Base]):
 _NO_REASONS: Mapping[Reason, Counter] = {}
 
 
+@dataclass(frozen=True, slots=True)
+class SeriesLimits:
+    """How many series the selection lets through; the defaults of --prometheus.* and --otlp.*."""
+
+    max_processes: int = 200  # 0: no limit
+    top_stacks: int = 10  # per process
+    top_threads: int = 10  # per process, with --per-thread
+
+
+DEFAULT_LIMITS = SeriesLimits()
+
+
 class Selection:
-    def __init__(self, max_processes: int = 200, top_stacks: int = 10, top_threads: int = 10) -> None:
+    def __init__(
+        self,
+        max_processes: int = DEFAULT_LIMITS.max_processes,
+        top_stacks: int = DEFAULT_LIMITS.top_stacks,
+        top_threads: int = DEFAULT_LIMITS.top_threads,
+    ) -> None:
         self.max_processes = max_processes  # 0: no limit
         self.top_stacks = top_stacks
         self.top_threads = top_threads

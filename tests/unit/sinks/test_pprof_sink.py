@@ -8,6 +8,7 @@ import gzip
 import threading
 import time
 from dataclasses import replace
+from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
@@ -16,6 +17,7 @@ from offcpu_exporter.formats.proto import profile_pb2 as pb
 from offcpu_exporter.sinks import SinkContext
 from offcpu_exporter.sinks.pprof import options as pprof_options
 from offcpu_exporter.sinks.pprof import sink as pprof_sink
+from offcpu_exporter.sinks.pprof.options import PprofOptions
 from offcpu_exporter.snapshot import Counter, Snapshot
 from offcpu_exporter.web import Request, Response, Routes
 from tests.support.snapshots import WORKLOAD, make_after, make_before, workload_snapshot
@@ -46,10 +48,10 @@ class Source:
         return self.taken[-1] if self.taken else Snapshot.empty()
 
 
-def make_sink(source: Source, **kwargs: float) -> tuple[pprof_sink.PprofSink, Routes]:
+def make_sink(source: Source, **kwargs: Any) -> tuple[pprof_sink.PprofSink, Routes]:
     routes = Routes()
     context = SinkContext(latest=source.latest, flush_now=source.flush_now, routes=routes, history=source.history)
-    sink = pprof_sink.PprofSink(context, **kwargs)  # type: ignore[arg-type]
+    sink = pprof_sink.PprofSink(context, PprofOptions(**kwargs))
     sink.register(routes)
     return sink, routes
 
