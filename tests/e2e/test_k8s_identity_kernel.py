@@ -66,18 +66,41 @@ def test_cgroup_v2_systemd_containerd_shape(sleeper: subprocess.Popen[bytes]) ->
         _cleanup(root, top, sleeper)
 
 
-def test_cgroup_v1_cgroupfs_shape(sleeper: subprocess.Popen[bytes]) -> None:
-    root = _mount_of("cgroup", "pids")
-    if root is None:
-        pytest.skip("no cgroup v1 pids hierarchy on this kernel (pure cgroup v2 host)")
+@contextlib.contextmanager
+def _named_v1_hierarchy(where: Path) -> Iterator[Path]:
+    """A cgroup v1 hierarchy of our own: a named one, with no controller, mounts on any kernel built
+    with cgroup v1, also where every controller is bound to v2 (a pure v2 host has no v1 mount)."""
+    where.mkdir()
+    subprocess.run(["mount", "-t", "cgroup", "-o", f"none,name=offcpu-test-{os.getpid()}", "cgroup", str(where)],
+                   check=True, timeout=30)  # fmt: skip
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True, timeout=30)
+
+
+@pytest.fixture(params=["host", "own"])
+def v1_root(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """The host's v1 pids hierarchy where it has one ("host"; else our own), and our own ("own")."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root (kernel test)")
+    host = _mount_of("cgroup", "pids")
+    if request.param == "host" and host is not None:
+        yield host
+        return
+    with _named_v1_hierarchy(tmp_path / "cgroup-v1") as root:
+        yield root
+
+
+def test_cgroup_v1_cgroupfs_shape(sleeper: subprocess.Popen[bytes], v1_root: Path) -> None:
     pod_uid = str(uuid.uuid4())
     cid = uuid.uuid4().hex + uuid.uuid4().hex
     top = f"kubepods-test-{os.getpid()}"
     try:
-        _move(sleeper, root, f"{top}/burstable/pod{pod_uid}/{cid}")
+        _move(sleeper, v1_root, f"{top}/burstable/pod{pod_uid}/{cid}")
         assert identify(sleeper.pid) == ContainerIdentity(cid, pod_uid, "")
     finally:
-        _cleanup(root, top, sleeper)
+        _cleanup(v1_root, top, sleeper)
 
 
 def test_record_selects_a_container_by_id(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 from google.protobuf.message import Message
 
 from offcpu_exporter.formats.proto import regenerate
@@ -21,7 +20,6 @@ def serialized_descriptor(module: Path) -> bytes:
 
 
 def test_generated_module_is_current(tmp_path: Path) -> None:
-    pytest.importorskip("grpc_tools")
     fresh_py, fresh_pyi = regenerate.generate(tmp_path)
     committed = regenerate.HERE / fresh_py.name
     assert serialized_descriptor(committed) == serialized_descriptor(fresh_py), (
