@@ -27,7 +27,8 @@ from offcpu_exporter.sinks import SinkContext
 from offcpu_exporter.sinks.prometheus.options import PrometheusOptions
 from offcpu_exporter.sinks.prometheus.sink import PrometheusSink
 from offcpu_exporter.web import Routes
-from offcpu_exporter.web.server import WebOptions, WebServer
+from offcpu_exporter.web.options import WebOptions
+from offcpu_exporter.web.server import WebServer
 from tests.support.snapshots import scrape_snapshot
 
 

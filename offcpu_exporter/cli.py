@@ -158,9 +158,9 @@ def build_parser(outputs: Sequence[OutputOptions] | None = None) -> argparse.Arg
     serve.add_argument("--drop-privileges", action="store_true",
                        help="once the probe is attached, keep only the capabilities still needed "
                        "(see SECURITY.md) and set no_new_privs")
-    from offcpu_exporter.web import server as web_server
+    from offcpu_exporter.web import options as web_options
 
-    web_server.add_arguments(serve)
+    web_options.add_arguments(serve)
     for output in outputs:
         output.add_arguments(serve)
 
@@ -210,7 +210,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     options._deprecated = deprecated
     if options.command == "serve":
         from offcpu_exporter.web.config_file import WebConfigError
-        from offcpu_exporter.web.server import parse_listen_address
+        from offcpu_exporter.web.options import parse_listen_address
 
         try:
             parse_listen_address(options.web_listen_address)  # before the probe is loaded
@@ -383,7 +383,7 @@ def cmd_serve(options: argparse.Namespace) -> int:
 def _drop_privileges(options: argparse.Namespace) -> str | None:
     from offcpu_exporter.privileges import PrivilegeError, drop_capabilities, kept_after_attach
     from offcpu_exporter.web.config_file import WebConfigError
-    from offcpu_exporter.web.server import parse_listen_address
+    from offcpu_exporter.web.options import parse_listen_address
 
     try:
         _, port = parse_listen_address(options.web_listen_address)

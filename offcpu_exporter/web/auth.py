@@ -63,25 +63,18 @@ class BasicAuth:
         credentials = parse_basic_authorization(authorization)
         if credentials is None:
             return False
-        user, password = credentials
-        hashed = self._users.get(user)
-        if hashed is None:
-            return None
-        with self._cache_lock:
-            cached = self._verified.get((user, hashed))
-        if cached is not None and hmac.compare_digest(cached, hashlib.sha256(password).digest()):
-            return True
-        return None
+        return True if self._verified_before(*credentials) else None
 
     def check(self, authorization: str | None) -> bool:
         """True when the header carries a known user and its password. May take one bcrypt check."""
-        quick = self.check_cached(authorization)
-        if quick is not None:
-            return quick
+        if not self._users:
+            return True
         credentials = parse_basic_authorization(authorization)
         if credentials is None:
             return False
         user, password = credentials
+        if self._verified_before(user, password):
+            return True
         hashed = self._users.get(user)
         known = hashed is not None
         if hashed is None:
@@ -96,3 +89,12 @@ class BasicAuth:
                 self._verified[(user, hashed)] = hashlib.sha256(password).digest()
             return True
         return False
+
+    def _verified_before(self, user: str, password: bytes) -> bool:
+        """A success cached for this user's current hash (a SHA-256 of the password, not the password)."""
+        hashed = self._users.get(user)
+        if hashed is None:
+            return False
+        with self._cache_lock:
+            cached = self._verified.get((user, hashed))
+        return cached is not None and hmac.compare_digest(cached, hashlib.sha256(password).digest())

@@ -7,8 +7,8 @@ sending one header byte per second never trips it (slowloris). Here one event-lo
 all sockets: an idle connection costs a coroutine, and every request has a real deadline for its
 headers (`asyncio.timeout_at`), like Go's `http.Server.ReadHeaderTimeout`; TLS handshakes get
 the same deadline. Handlers, which may block (a pprof profile waits N seconds), run on a bounded
-thread pool, so they block neither other requests nor the probe loop. The HTTP/1.1 subset an
-exporter needs (GET/HEAD, Content-Length bodies, keep-alive) is parsed here with explicit limits.
+thread pool, so they block neither other requests nor the probe loop. The bytes on the wire are
+`http1`'s job, gzip `compression`'s, basic auth `auth`'s, the flags `options`'.
 """
 
 from __future__ import annotations
@@ -17,152 +17,32 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
-import gzip
 import html
-import http
 import logging
 import resource
 import ssl
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from email.utils import formatdate
-from urllib.parse import parse_qs, unquote, urlsplit
+from dataclasses import replace
 
-from offcpu_exporter.config import format_duration, seconds
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.web import Request, Response, Routes
 from offcpu_exporter.web.auth import BasicAuth
+from offcpu_exporter.web.compression import gzip_if_accepted
 from offcpu_exporter.web.config_file import WebConfig, WebConfigError, load_web_config
+from offcpu_exporter.web.http1 import BadRequest, Head, parse_head, response_head, with_body
+from offcpu_exporter.web.options import WebOptions, parse_listen_address
 
-__all__ = ["WebOptions", "WebServer", "add_arguments", "parse_listen_address"]
+__all__ = ["WebServer"]
 
 log = logging.getLogger(__name__)
 
-_GZIP_MIN_BYTES = 1024
 _WRITE_TIMEOUT_S = 60.0
 _BUILTIN_PATHS = ("/", "/healthz", "/readyz")
 
 
-@dataclass(frozen=True)
-class WebOptions:
-    listen_address: str = ":9961"
-    config_file: str = ""
-    max_requests: int = 40  # handler requests in flight; more get 503 (0: unlimited)
-    read_header_timeout: float = 10.0
-    idle_timeout: float = 60.0
-    max_header_bytes: int = 16 * 1024
-    max_body_bytes: int = 1024 * 1024
-    max_connections: int = 4096
-
-    @classmethod
-    def from_namespace(cls, ns: argparse.Namespace) -> WebOptions:
-        return cls(
-            listen_address=ns.web_listen_address,
-            config_file=ns.web_config_file,
-            max_requests=ns.web_max_requests,
-            read_header_timeout=ns.web_read_header_timeout,
-            idle_timeout=ns.web_idle_timeout,
-            max_header_bytes=ns.web_max_header_bytes,
-            max_body_bytes=ns.web_max_body_bytes,
-            max_connections=ns.web_max_connections,
-        )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("web server")
-    d = WebOptions()
-    g.add_argument(
-        "--web.listen-address",
-        dest="web_listen_address",
-        default=d.listen_address,
-        metavar="ADDR",
-        help="address to serve /metrics and the other endpoints on, host:port (default %(default)s; "
-        "an empty host means every interface)",
-    )
-    g.add_argument(
-        "--web.config.file",
-        dest="web_config_file",
-        default=d.config_file,
-        metavar="FILE",
-        help="web config (TLS, basic auth) in the Prometheus exporter-toolkit web-config.yml format",
-    )
-    g.add_argument(
-        "--web.max-requests",
-        dest="web_max_requests",
-        type=int,
-        default=d.max_requests,
-        metavar="N",
-        help="requests handled at once; more are answered 503 (0: no limit; default %(default)s)",
-    )
-    g.add_argument(
-        "--web.read-header-timeout",
-        dest="web_read_header_timeout",
-        type=seconds,
-        default=d.read_header_timeout,
-        metavar="DURATION",
-        help="time a client has to send a request's headers (and body) "
-        f"(default {format_duration(d.read_header_timeout)})",
-    )
-    g.add_argument(
-        "--web.idle-timeout",
-        dest="web_idle_timeout",
-        type=seconds,
-        default=d.idle_timeout,
-        metavar="DURATION",
-        help=f"keep-alive connections idle this long are closed (default {format_duration(d.idle_timeout)})",
-    )
-    g.add_argument(
-        "--web.max-header-bytes",
-        dest="web_max_header_bytes",
-        type=int,
-        default=d.max_header_bytes,
-        metavar="BYTES",
-        help="largest request line + headers accepted (default %(default)s)",
-    )
-    g.add_argument(
-        "--web.max-body-bytes",
-        dest="web_max_body_bytes",
-        type=int,
-        default=d.max_body_bytes,
-        metavar="BYTES",
-        help="largest request body accepted (default %(default)s)",
-    )
-    g.add_argument(
-        "--web.max-connections",
-        dest="web_max_connections",
-        type=int,
-        default=d.max_connections,
-        metavar="N",
-        help="open connections at once; more are closed at accept (default %(default)s)",
-    )
-
-
-def parse_listen_address(address: str) -> tuple[str | None, int]:
-    """``host:port`` (``:9961``, ``127.0.0.1:9961``, ``[::1]:9961``) to (host or None for all, port)."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise WebConfigError(f"--web.listen-address {address!r}: expected host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return (host or None), int(port_text)
-
-
-class _BadRequest(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 class _Closed(Exception):
     """The client went away or ran out of time: close without answering (as Go's server does)."""
-
-
-@dataclass
-class _Parsed:
-    request: Request
-    keep_alive: bool
 
 
 class WebServer:
@@ -288,7 +168,7 @@ class WebServer:
             while True:
                 try:
                     parsed = await self._read_request(reader, accepted if first else None)
-                except _BadRequest as e:
+                except BadRequest as e:
                     await self._write(writer, Response(e.status, (e.message + "\n").encode()), False, False)
                     return
                 first = False
@@ -320,7 +200,7 @@ class WebServer:
         self._warn.warning("client certificate SANs %s not in client_allowed_sans", sorted(names))
         return False
 
-    async def _read_request(self, reader: asyncio.StreamReader, accepted: float | None) -> _Parsed:
+    async def _read_request(self, reader: asyncio.StreamReader, accepted: float | None) -> Head:
         loop = asyncio.get_running_loop()
         opts = self._opts
         try:
@@ -336,53 +216,15 @@ class WebServer:
                 deadline = loop.time() + opts.read_header_timeout
             async with asyncio.timeout_at(deadline):
                 head = first + await reader.readuntil(b"\r\n\r\n")
-                parsed, length = self._parse_head(head)
-                if length:
-                    body = await reader.readexactly(length)
-                    parsed = _Parsed(_with_body(parsed.request, body), parsed.keep_alive)
+                parsed = parse_head(head, opts.max_header_bytes, opts.max_body_bytes)
+                if parsed.body_length:
+                    body = await reader.readexactly(parsed.body_length)
+                    return replace(parsed, request=with_body(parsed.request, body))
                 return parsed
         except asyncio.LimitOverrunError:
-            raise _BadRequest(431, "request header fields too large") from None
+            raise BadRequest(431, "request header fields too large") from None
         except (TimeoutError, asyncio.IncompleteReadError):
             raise _Closed from None
-
-    def _parse_head(self, head: bytes) -> tuple[_Parsed, int]:
-        if len(head) > self._opts.max_header_bytes:
-            raise _BadRequest(431, "request header fields too large")
-        lines = head[:-4].decode("latin-1").lstrip("\r\n").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[0].isalpha() or not parts[0].isupper():
-            raise _BadRequest(400, "malformed request line")
-        method, target, version = parts
-        if version not in ("HTTP/1.1", "HTTP/1.0"):
-            raise _BadRequest(505 if version.startswith("HTTP/") else 400, "unsupported HTTP version")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep or not name or name != name.strip() or any(c in name for c in " \t"):
-                raise _BadRequest(400, "malformed header line")
-            key, value = name.lower(), value.strip(" \t")
-            headers[key] = f"{headers[key]}, {value}" if key in headers else value
-        if "transfer-encoding" in headers:
-            raise _BadRequest(501, "chunked request bodies are not supported")
-        length_text = headers.get("content-length", "0")
-        if not length_text.isdigit():
-            raise _BadRequest(400, "bad Content-Length")
-        length = int(length_text)
-        if length > self._opts.max_body_bytes:
-            raise _BadRequest(413, "request body too large")
-        if not (target.startswith("/") or target.startswith(("http://", "https://"))):
-            raise _BadRequest(400, "bad request target")
-        split = urlsplit(target)
-        connection = headers.get("connection", "").lower()
-        keep_alive = version == "HTTP/1.1" and "close" not in connection
-        request = Request(
-            method=method,
-            path=unquote(split.path) or "/",
-            query=parse_qs(split.query, keep_blank_values=True),
-            headers=headers,
-        )
-        return _Parsed(request, keep_alive), length
 
     # ---- answering -----------------------------------------------------------------------------
 
@@ -420,14 +262,7 @@ class WebServer:
         except Exception:
             log.exception("handler for %s failed", request.path)
             return Response(500, b"internal server error\n")
-        if (
-            len(response.body) >= _GZIP_MIN_BYTES
-            and not any(k.lower() == "content-encoding" for k in response.headers)
-            and accepts_gzip(request.headers.get("accept-encoding", ""))
-        ):
-            headers = {**response.headers, "Content-Encoding": "gzip"}
-            return Response(response.status, gzip.compress(response.body, 6, mtime=0), response.content_type, headers)
-        return response
+        return gzip_if_accepted(request, response)
 
     def _builtin(self, request: Request) -> Response:
         if request.path == "/healthz":
@@ -451,64 +286,10 @@ class WebServer:
         return Response(200, page.encode(), "text/html; charset=utf-8")
 
     async def _write(self, writer: asyncio.StreamWriter, response: Response, head_only: bool, keep_alive: bool) -> None:
-        try:
-            reason = http.HTTPStatus(response.status).phrase
-        except ValueError:
-            reason = "Status"
-        lines = [
-            f"HTTP/1.1 {response.status} {reason}",
-            f"Content-Type: {response.content_type}",
-            f"Content-Length: {len(response.body)}",
-            f"Date: {formatdate(usegmt=True)}",
-        ]
-        encoded = any(k.lower() == "content-encoding" for k in response.headers)
-        if encoded:
-            lines.append("Vary: Accept-Encoding")
-        lines.extend(f"{k}: {v}" for k, v in response.headers.items() if _header_ok(k, v))
-        lines.extend(f"{k}: {v}" for k, v in self._config.headers.items())
-        if not keep_alive:
-            lines.append("Connection: close")
-        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
-        writer.write(data if head_only else data + response.body)
+        head = response_head(response, keep_alive, self._config.headers)
+        writer.write(head if head_only else head + response.body)
         async with asyncio.timeout(_WRITE_TIMEOUT_S):
             await writer.drain()
-
-
-def accepts_gzip(accept_encoding: str) -> bool:
-    """Whether an Accept-Encoding value allows gzip (honouring ``q=0``)."""
-    wildcard = False
-    for part in accept_encoding.split(","):
-        token, *params = part.split(";")
-        token = token.strip().lower()
-        q = 1.0
-        for p in params:
-            k, _, v = p.strip().partition("=")
-            if k.strip().lower() == "q":
-                try:
-                    q = float(v)
-                except ValueError:
-                    q = 0.0
-        if token in ("gzip", "x-gzip"):
-            return q > 0
-        if token == "*":
-            wildcard = q > 0
-    return wildcard
-
-
-def _header_ok(name: str, value: str) -> bool:
-    return not any(c in name or c in value for c in "\r\n")
-
-
-def _with_body(request: Request, body: bytes) -> Request:
-    # Request has no body field: exporter endpoints take parameters in the query string. A body
-    # is read (bounded) only to keep the connection in sync, and form bodies merge into query.
-    if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
-        merged = {**request.query}
-        for k, v in parse_qs(body.decode("latin-1"), keep_blank_values=True).items():
-            merged.setdefault(k, []).extend(v)
-        return Request(request.method, request.path, merged, request.headers)
-    return request
-
 
 def _raise_open_files_limit() -> None:
     # Each connection is a file descriptor; Go raises the soft RLIMIT_NOFILE to the hard limit

@@ -8,7 +8,8 @@ import socket
 import threading
 import time
 
-from offcpu_exporter.web.server import WebOptions, WebServer
+from offcpu_exporter.web.options import WebOptions
+from offcpu_exporter.web.server import WebServer
 from tests.unit.web.test_web_server import get, make_routes
 
 

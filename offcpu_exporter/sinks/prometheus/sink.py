@@ -19,7 +19,7 @@ from offcpu_exporter.sinks.prometheus.options import DEFAULTS, PrometheusOptions
 from offcpu_exporter.sinks.prometheus.top_series import Selection
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.web import Request, Response
-from offcpu_exporter.web.server import accepts_gzip
+from offcpu_exporter.web.compression import accepts_gzip
 
 __all__ = ["PrometheusSink", "create"]
 

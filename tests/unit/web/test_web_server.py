@@ -19,8 +19,10 @@ import pytest
 from offcpu_exporter.web import Request, Response, Routes
 from offcpu_exporter.web import auth as auth_module
 from offcpu_exporter.web.auth import BasicAuth
+from offcpu_exporter.web.compression import accepts_gzip
 from offcpu_exporter.web.config_file import WebConfigError, load_web_config
-from offcpu_exporter.web.server import WebOptions, WebServer, accepts_gzip
+from offcpu_exporter.web.options import WebOptions
+from offcpu_exporter.web.server import WebServer
 from tests.support.tls import openssl, self_signed
 
 METRICS = b"".join(b'offcpu_seconds_total{pid="%d"} %d\n' % (i, i) for i in range(2000))
