@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from offcpu_exporter.sinks.otlp.profiles_encode import EncodeOptions, encode_profiles
+from offcpu_exporter.formats.otlp_profiles import EncodeOptions, encode_profiles
 from offcpu_exporter.snapshot import Snapshot
 from tests.support.snapshots import many_process_snapshot
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from offcpu_exporter.sinks.skywalking.encode import encode_snapshot
+from offcpu_exporter.formats.skywalking import encode_snapshot
 from offcpu_exporter.sinks.skywalking.file import FileTransport
 from offcpu_exporter.sinks.skywalking.options import add_arguments
 from offcpu_exporter.sinks.skywalking.sink import SkyWalkingSink

@@ -1,9 +1,11 @@
-"""Pure encoders of off-CPU profiles for people and their tools: pprof, folded stacks, a text
-report like bcc's offcputime and a self-contained HTML flame graph.
+"""Pure encoders: snapshots and profiles in the formats people and backends read; none does I/O.
 
-Every encoder takes a `Profile` (off-CPU time per stack over one interval, built from snapshots
-by `Profile.between(before, after)` or `Profile.over(snapshots)`) and returns bytes; none does
-I/O. `render(fmt, profile)` picks one by name.
+For people and their tools: pprof, folded stacks, a text report like bcc's offcputime and a
+self-contained HTML flame graph. Each takes a `Profile` (off-CPU time per stack over one interval,
+built from snapshots by `Profile.between(before, after)` or `Profile.over(snapshots)`) and returns
+bytes; `render(fmt, profile)` picks one by name. For backends: `otlp_profiles` (OTLP profiles
+requests), `skywalking` (`EBPFProfilingData` messages) and `delimited` (their framing in a file),
+imported only by the outputs that use them (they load protobuf). `proto/` holds the schemas.
 """
 
 from __future__ import annotations

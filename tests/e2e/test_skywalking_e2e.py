@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from offcpu_exporter.sinks.skywalking.delimited import read_messages
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.formats.delimited import read_messages
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
 from tests.support.exporter import ROOT, ExporterProcess
 from tests.support.skywalking_oap import FakeOap, Task, oap_process_id
 from tests.support.workloads import Workload, WorkloadResult

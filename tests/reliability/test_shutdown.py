@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from offcpu_exporter.sinks.skywalking.delimited import read_messages
+from offcpu_exporter.formats.delimited import read_messages
 from tests.e2e.prometheus_server import PrometheusServer, scrape_config
 from tests.e2e.test_skywalking_e2e import sleep_totals
 from tests.reliability.metrics import total

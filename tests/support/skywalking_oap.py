@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import (
+from offcpu_exporter.formats.proto.skywalking.common import Common_pb2
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import (
     Process_pb2,
     Process_pb2_grpc,
     Profile_pb2,

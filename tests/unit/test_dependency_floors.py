@@ -16,13 +16,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOORED = ("protobuf", "grpcio", "opentelemetry-proto", "googleapis-common-protos")
-GENCODE = ("offcpu_exporter/sinks/skywalking/proto", "offcpu_exporter/formats/proto")
+GENCODE = "offcpu_exporter/formats/proto"  # pprof's and, below it, SkyWalking's
 
 CHECK = """
 import warnings
 warnings.simplefilter("error")  # the gRPC stubs warn (or raise) when grpcio is older than their generator
-from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2, Profile_pb2_grpc, Process_pb2_grpc
+from offcpu_exporter.formats.proto.skywalking.common import Common_pb2
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2, Profile_pb2_grpc, Process_pb2_grpc
 from offcpu_exporter.formats.proto import profile_pb2
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
@@ -67,10 +67,8 @@ def test_gencode_works_with_the_floor_versions(tmp_path: Path) -> None:
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
     # Only the generated modules, under their package path (the package itself needs more than these).
     tree = tmp_path / "tree"
-    for directory in GENCODE:
-        shutil.copytree(ROOT / directory, tree / directory, ignore=shutil.ignore_patterns("__pycache__"))
-    for package in ("offcpu_exporter", "offcpu_exporter/sinks", "offcpu_exporter/sinks/skywalking",
-                    "offcpu_exporter/formats"):
+    shutil.copytree(ROOT / GENCODE, tree / GENCODE, ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("offcpu_exporter", "offcpu_exporter/formats"):
         (tree / package / "__init__.py").write_text("")
     result = subprocess.run([str(venv / "bin" / "python"), "-c", CHECK], cwd=tree, capture_output=True, text=True,
                             timeout=120)

@@ -9,8 +9,8 @@ from types import ModuleType
 import pytest
 
 from tests.support import golden
-from tests.unit.sinks.otlp import test_profiles_encode as otlp
-from tests.unit.sinks.skywalking import test_skywalking_encode as skywalking
+from tests.unit.formats import test_otlp_profiles as otlp
+from tests.unit.formats import test_skywalking as skywalking
 
 # Each golden test, and a stale file in its format (one that parses but differs).
 GOLDEN_TESTS = [

@@ -3,7 +3,7 @@
     python offcpu_exporter/formats/proto/regenerate.py [OUTPUT_DIR]
 
 Run it with grpcio-tools 1.63.2 (protoc 26.1), as the SkyWalking modules are made
-(offcpu_exporter/sinks/skywalking/proto/generate.py says why: that version is the package's
+(offcpu_exporter/formats/proto/skywalking/generate.py says why: that version is the package's
 protobuf floor). Without OUTPUT_DIR the files beside profile.proto are rewritten; the unit tests
 generate into a temporary directory and compare the descriptors, so a stale module fails CI.
 """

@@ -11,13 +11,13 @@ from functools import partial
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import OTELResourceDetector
 
+from offcpu_exporter.formats.otlp_profiles import EncodeOptions, encode_profiles_split
 from offcpu_exporter.sinks import SinkContext, SinkStats
 from offcpu_exporter.snapshot import Snapshot
 
 from . import metrics as otlp_metrics
 from .delivery import ProfilesDelivery
 from .endpoints import OtlpConfig, SignalEndpoint, resolve
-from .profiles_encode import EncodeOptions, encode_profiles_split
 from .profiles_transport import GrpcProfilesClient, HttpProfilesClient, ProfilesClient
 
 __all__ = ["OtlpSink", "create"]

@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from offcpu_exporter.formats.proto.skywalking.common import Common_pb2
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Process_pb2
+from offcpu_exporter.formats.skywalking import TaskMetadata
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks.skywalking.client import OapClient
 from offcpu_exporter.sinks.skywalking.delivery import describe_error
-from offcpu_exporter.sinks.skywalking.encode import TaskMetadata
-from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Process_pb2
 from offcpu_exporter.snapshot import ProcessInfo, ProcessKey, Snapshot
 
 __all__ = ["Agent", "AgentOptions", "ProfilingTask", "parse_tasks", "snapshot_in_window"]

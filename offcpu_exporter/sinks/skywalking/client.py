@@ -10,14 +10,14 @@ from pathlib import Path
 
 import grpc
 
-from offcpu_exporter.sinks.skywalking.encode import TaskMetadata, with_task
-from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import (
+from offcpu_exporter.formats.proto.skywalking.common import Common_pb2
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import (
     Process_pb2,
     Process_pb2_grpc,
     Profile_pb2,
     Profile_pb2_grpc,
 )
+from offcpu_exporter.formats.skywalking import TaskMetadata, with_task
 
 __all__ = ["OapClient", "OapConnection", "OapStreamTransport"]
 

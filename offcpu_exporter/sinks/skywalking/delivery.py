@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.formats.skywalking import TaskMetadata
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks import SinkStats
-from offcpu_exporter.sinks.skywalking.encode import TaskMetadata
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
 
 __all__ = ["Batch", "Delivery", "RetryPolicy", "Transport", "describe_error"]
 

@@ -10,8 +10,8 @@ from typing import Any, TextIO
 
 from google.protobuf import json_format
 
-from offcpu_exporter.sinks.skywalking.delimited import CorruptFile, read_messages
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.formats.delimited import CorruptFile, read_messages
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
 
 __all__ = ["dump", "dump_main", "format_message"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from offcpu_exporter.sinks.skywalking.delimited import frame
-from offcpu_exporter.sinks.skywalking.encode import TaskMetadata, with_task
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.formats.delimited import frame
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.formats.skywalking import TaskMetadata, with_task
 
 __all__ = ["FileTransport"]
 

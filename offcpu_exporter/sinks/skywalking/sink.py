@@ -10,12 +10,12 @@ import time
 import uuid
 from collections import deque
 
+from offcpu_exporter.formats.skywalking import TaskMetadata, encode_snapshot
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks import SinkContext, SinkStats
 from offcpu_exporter.sinks.skywalking.agent import Agent, AgentOptions
 from offcpu_exporter.sinks.skywalking.client import OapClient, OapConnection, OapStreamTransport
 from offcpu_exporter.sinks.skywalking.delivery import Batch, Delivery, RetryPolicy
-from offcpu_exporter.sinks.skywalking.encode import TaskMetadata, encode_snapshot
 from offcpu_exporter.sinks.skywalking.file import FileTransport
 from offcpu_exporter.sinks.skywalking.options import enabled
 from offcpu_exporter.snapshot import Snapshot

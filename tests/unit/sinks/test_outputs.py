@@ -33,7 +33,7 @@ rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.st
 print(json.dumps({"modules": sorted(sys.modules), "rss_kib": rss, "on": [o.package for o in on]}))
 """
 
-HEAVY = ("grpc", "opentelemetry", "requests", "offcpu_exporter.sinks.skywalking.proto",
+HEAVY = ("grpc", "opentelemetry", "requests", "offcpu_exporter.formats.proto.skywalking",
          "offcpu_exporter.sinks.otlp.sink", "offcpu_exporter.sinks.skywalking.sink")
 
 
@@ -58,7 +58,7 @@ def test_serve_defaults_import_no_push_output() -> None:
 @pytest.mark.parametrize("args,expected", [
     (["--otlp.endpoint", "http://127.0.0.1:9"],
      ("grpc", "opentelemetry", "requests", "offcpu_exporter.sinks.otlp.sink")),
-    (["--skywalking.file", "/tmp/offcpu-test.sw"], ("grpc", "offcpu_exporter.sinks.skywalking.proto",
+    (["--skywalking.file", "/tmp/offcpu-test.sw"], ("grpc", "offcpu_exporter.formats.proto.skywalking",
                                                    "offcpu_exporter.sinks.skywalking.sink")),
 ])
 def test_an_output_turned_on_is_imported(args: list[str], expected: tuple[str, ...]) -> None:

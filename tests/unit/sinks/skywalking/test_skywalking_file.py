@@ -10,11 +10,11 @@ import pytest
 from google.protobuf.internal.decoder import _DecodeVarint32
 from google.protobuf.internal.encoder import _VarintBytes
 
+from offcpu_exporter.formats.delimited import CorruptFile, encode_varint, frame, read_messages
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
 from offcpu_exporter.sinks import SinkContext
-from offcpu_exporter.sinks.skywalking.delimited import CorruptFile, encode_varint, frame, read_messages
 from offcpu_exporter.sinks.skywalking.dump import dump, dump_main
 from offcpu_exporter.sinks.skywalking.options import add_arguments, add_subcommands
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
 from offcpu_exporter.sinks.skywalking.sink import create
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.web import Routes

@@ -11,12 +11,12 @@ import time
 import grpc
 import pytest
 
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
 from offcpu_exporter.sinks import SinkContext
 from offcpu_exporter.sinks.skywalking.agent import Agent, AgentOptions
 from offcpu_exporter.sinks.skywalking.client import OapClient, OapConnection
 from offcpu_exporter.sinks.skywalking.delivery import RetryPolicy
 from offcpu_exporter.sinks.skywalking.options import add_arguments
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
 from offcpu_exporter.sinks.skywalking.sink import SkyWalkingSink, create
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.web import Routes

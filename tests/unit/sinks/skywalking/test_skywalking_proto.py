@@ -7,9 +7,9 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from offcpu_exporter.sinks.skywalking.proto import generate
-from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Process_pb2, Process_pb2_grpc, Profile_pb2
+from offcpu_exporter.formats.proto.skywalking import generate
+from offcpu_exporter.formats.proto.skywalking.common import Common_pb2
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Process_pb2, Process_pb2_grpc, Profile_pb2
 from tests.support.gencode import stale_descriptors
 
 T = FieldDescriptor

@@ -7,7 +7,7 @@ new (and gRPC stubs check grpcio >= their grpcio-tools), so the generator's vers
 floor (pyproject.toml: protobuf>=5.26.1, grpcio>=1.63.2). Generate in a throwaway virtualenv:
 
     python3 -m venv /tmp/gen && /tmp/gen/bin/pip install grpcio-tools==1.63.2
-    /tmp/gen/bin/python offcpu_exporter/sinks/skywalking/proto/generate.py
+    /tmp/gen/bin/python offcpu_exporter/formats/proto/skywalking/generate.py
 
 protoc names imports after the proto path (``from common import Common_pb2``), which only works
 with this directory on ``sys.path``; the generated import lines are rewritten to absolute imports
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PACKAGE = "offcpu_exporter.sinks.skywalking.proto"
+PACKAGE = "offcpu_exporter.formats.proto.skywalking"
 GRPCIO_TOOLS = "1.63.2"
 PROTOS = (
     "common/Common.proto",

@@ -1,4 +1,4 @@
-from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2 as _Common_pb2
+from offcpu_exporter.formats.proto.skywalking.common import Common_pb2 as _Common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

@@ -11,7 +11,7 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
 )
 
 from offcpu_exporter import __version__
-from offcpu_exporter.sinks.otlp.profiles_encode import (
+from offcpu_exporter.formats.otlp_profiles import (
     EncodeOptions,
     encode_profiles,
     encode_profiles_split,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from offcpu_exporter.sinks.skywalking.encode import (
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.formats.skywalking import (
     INT32_MAX,
     TaskMetadata,
     encode_samples,
@@ -17,7 +18,6 @@ from offcpu_exporter.sinks.skywalking.encode import (
     split_counter,
     with_task,
 )
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
 from offcpu_exporter.snapshot import Counter, Reason, Stack
 from tests.support import golden
 from tests.support.snapshots import (
@@ -67,7 +67,7 @@ def test_golden_messages() -> None:
         GOLDEN,
         json.dumps(
             {
-                "made_by": "OFFCPU_UPDATE_GOLDEN=1 pytest tests/unit/sinks/skywalking/test_skywalking_encode.py",
+                "made_by": "OFFCPU_UPDATE_GOLDEN=1 pytest tests/unit/formats/test_skywalking.py",
                 "checked_by_hand": "kernel half first, each half leaf first, sums over threads",
                 "messages": actual,
             },

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
 from offcpu_exporter.snapshot import Counter, ProcessKey, Snapshot, Stack, StackSample
 
 __all__ = [

@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from offcpu_exporter.sinks.skywalking.proto.common import Common_pb2 as common_dot_Common__pb2
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Process_pb2 as ebpf_dot_profiling_dot_Process__pb2
+from offcpu_exporter.formats.proto.skywalking.common import Common_pb2 as common_dot_Common__pb2
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as ebpf_dot_profiling_dot_Profile__pb2
 
 GRPC_GENERATED_VERSION = '1.63.2'
 GRPC_VERSION = grpc.__version__
@@ -21,7 +21,7 @@ except ImportError:
 if _version_not_supported:
     warnings.warn(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + f' but the generated code in ebpf/profiling/Process_pb2_grpc.py depends on'
+        + f' but the generated code in ebpf/profiling/Profile_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -31,8 +31,8 @@ if _version_not_supported:
     )
 
 
-class EBPFProcessServiceStub(object):
-    """Define the detected processes and report them.
+class EBPFProfilingServiceStub(object):
+    """Define the Rover Process profiling task and upload profiling data.
     """
 
     def __init__(self, channel):
@@ -41,62 +41,62 @@ class EBPFProcessServiceStub(object):
         Args:
             channel: A grpc.Channel.
         """
-        self.reportProcesses = channel.unary_unary(
-                '/skywalking.v3.EBPFProcessService/reportProcesses',
-                request_serializer=ebpf_dot_profiling_dot_Process__pb2.EBPFProcessReportList.SerializeToString,
-                response_deserializer=ebpf_dot_profiling_dot_Process__pb2.EBPFReportProcessDownstream.FromString,
+        self.queryTasks = channel.unary_unary(
+                '/skywalking.v3.EBPFProfilingService/queryTasks',
+                request_serializer=ebpf_dot_profiling_dot_Profile__pb2.EBPFProfilingTaskQuery.SerializeToString,
+                response_deserializer=common_dot_Common__pb2.Commands.FromString,
                 _registered_method=True)
-        self.keepAlive = channel.unary_unary(
-                '/skywalking.v3.EBPFProcessService/keepAlive',
-                request_serializer=ebpf_dot_profiling_dot_Process__pb2.EBPFProcessPingPkgList.SerializeToString,
+        self.collectProfilingData = channel.stream_unary(
+                '/skywalking.v3.EBPFProfilingService/collectProfilingData',
+                request_serializer=ebpf_dot_profiling_dot_Profile__pb2.EBPFProfilingData.SerializeToString,
                 response_deserializer=common_dot_Common__pb2.Commands.FromString,
                 _registered_method=True)
 
 
-class EBPFProcessServiceServicer(object):
-    """Define the detected processes and report them.
+class EBPFProfilingServiceServicer(object):
+    """Define the Rover Process profiling task and upload profiling data.
     """
 
-    def reportProcesses(self, request, context):
-        """Report discovered process in Rover
+    def queryTasks(self, request, context):
+        """Query profiling (start or stop) tasks
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def keepAlive(self, request, context):
-        """Keep the process alive in the backend.
+    def collectProfilingData(self, request_iterator, context):
+        """collect profiling data
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
 
-def add_EBPFProcessServiceServicer_to_server(servicer, server):
+def add_EBPFProfilingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'reportProcesses': grpc.unary_unary_rpc_method_handler(
-                    servicer.reportProcesses,
-                    request_deserializer=ebpf_dot_profiling_dot_Process__pb2.EBPFProcessReportList.FromString,
-                    response_serializer=ebpf_dot_profiling_dot_Process__pb2.EBPFReportProcessDownstream.SerializeToString,
+            'queryTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.queryTasks,
+                    request_deserializer=ebpf_dot_profiling_dot_Profile__pb2.EBPFProfilingTaskQuery.FromString,
+                    response_serializer=common_dot_Common__pb2.Commands.SerializeToString,
             ),
-            'keepAlive': grpc.unary_unary_rpc_method_handler(
-                    servicer.keepAlive,
-                    request_deserializer=ebpf_dot_profiling_dot_Process__pb2.EBPFProcessPingPkgList.FromString,
+            'collectProfilingData': grpc.stream_unary_rpc_method_handler(
+                    servicer.collectProfilingData,
+                    request_deserializer=ebpf_dot_profiling_dot_Profile__pb2.EBPFProfilingData.FromString,
                     response_serializer=common_dot_Common__pb2.Commands.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'skywalking.v3.EBPFProcessService', rpc_method_handlers)
+            'skywalking.v3.EBPFProfilingService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
 
 
  # This class is part of an EXPERIMENTAL API.
-class EBPFProcessService(object):
-    """Define the detected processes and report them.
+class EBPFProfilingService(object):
+    """Define the Rover Process profiling task and upload profiling data.
     """
 
     @staticmethod
-    def reportProcesses(request,
+    def queryTasks(request,
             target,
             options=(),
             channel_credentials=None,
@@ -109,9 +109,9 @@ class EBPFProcessService(object):
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/skywalking.v3.EBPFProcessService/reportProcesses',
-            ebpf_dot_profiling_dot_Process__pb2.EBPFProcessReportList.SerializeToString,
-            ebpf_dot_profiling_dot_Process__pb2.EBPFReportProcessDownstream.FromString,
+            '/skywalking.v3.EBPFProfilingService/queryTasks',
+            ebpf_dot_profiling_dot_Profile__pb2.EBPFProfilingTaskQuery.SerializeToString,
+            common_dot_Common__pb2.Commands.FromString,
             options,
             channel_credentials,
             insecure,
@@ -123,7 +123,7 @@ class EBPFProcessService(object):
             _registered_method=True)
 
     @staticmethod
-    def keepAlive(request,
+    def collectProfilingData(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -133,11 +133,11 @@ class EBPFProcessService(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_unary(
+            request_iterator,
             target,
-            '/skywalking.v3.EBPFProcessService/keepAlive',
-            ebpf_dot_profiling_dot_Process__pb2.EBPFProcessPingPkgList.SerializeToString,
+            '/skywalking.v3.EBPFProfilingService/collectProfilingData',
+            ebpf_dot_profiling_dot_Profile__pb2.EBPFProfilingData.SerializeToString,
             common_dot_Common__pb2.Commands.FromString,
             options,
             channel_credentials,

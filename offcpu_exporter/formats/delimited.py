@@ -8,7 +8,7 @@ from typing import BinaryIO
 
 from google.protobuf.message import DecodeError
 
-from offcpu_exporter.sinks.skywalking.proto.ebpf.profiling import Profile_pb2 as pb
+from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
 
 __all__ = ["CorruptFile", "encode_varint", "frame", "read_messages"]
 
