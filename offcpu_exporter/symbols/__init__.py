@@ -19,7 +19,6 @@ mapping the file, bounded (LRU) and dropped when the last process using them is 
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import threading
@@ -31,53 +30,23 @@ from dataclasses import dataclass, field
 from offcpu_exporter.procstat import start_ticks
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.snapshot import Frame, FrameKind
-from offcpu_exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS, debug_file_candidates, read_debug_file
-from offcpu_exporter.symbols.demangle import demangle
-from offcpu_exporter.symbols.elf import ElfFormatError, ElfInfo, SymbolTable, read_elf, read_minidebuginfo
+from offcpu_exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS
+from offcpu_exporter.symbols.frames import JIT_MODULE, UNKNOWN, VDSO, placeholder
 from offcpu_exporter.symbols.kernel import KernelSymbols
 from offcpu_exporter.symbols.mapped import FileKey, MappedFile, open_mapped_file
 from offcpu_exporter.symbols.maps import Mapping, ProcessMaps, parse_maps
 from offcpu_exporter.symbols.perfmap import PerfMap
 from offcpu_exporter.symbols.rootfs import resolve_in_root
+from offcpu_exporter.symbols.symbolfile import SymbolFile, load_mapped_file, load_vdso_image
 
-__all__ = ["Symbolizer"]
+__all__ = ["UNKNOWN", "Symbolizer"]
 
 log = logging.getLogger(__name__)
 
-UNKNOWN = Frame("[unknown]", FrameKind.PLACEHOLDER)
-JIT_MODULE = "[jit]"
-VDSO = "[vdso]"
-MINIDEBUGINFO = "[.gnu_debugdata]"  # _SymbolFile.debug_file when the symbols came from MiniDebugInfo
 _PID_CACHE_LIMIT = 1 << 16  # resolved frames kept per process (cleared when the maps change)
-_NAME_CACHE_LIMIT = 1 << 16  # names kept per file
 _VDSO_MAX = 1 << 20
 _ERROR_LOG_INTERVAL = 60.0
 
-
-
-@dataclass(slots=True)
-class _SymbolFile:
-    """One ELF image's symbols, shared by all processes mapping it."""
-
-    info: ElfInfo
-    table: SymbolTable
-    debug_file: str = ""  # host path of the debug file whose .symtab is used, if any
-    names: dict[int, str | None] = field(default_factory=dict)
-
-    def name(self, vaddr: int) -> str | None:
-        names = self.names
-        if vaddr in names:
-            return names[vaddr]
-        raw = self.table.lookup(vaddr)
-        result = None
-        if raw is not None:
-            # .symtab names compat versions "clock_gettime@GLIBC_2.2.5"; the version is noise here.
-            at = raw.find("@", 1)
-            result = demangle(raw[:at] if at > 0 else raw)
-        if len(names) >= _NAME_CACHE_LIMIT:
-            names.clear()
-        names[vaddr] = result
-        return result
 
 
 _UNUSABLE = "unusable"  # file-cache value for a file that is not a usable ELF image
@@ -116,7 +85,7 @@ class Symbolizer:
         self._refresh_interval = maps_refresh_interval
         modules_path = os.path.join(os.path.dirname(kallsyms_path) or ".", "modules")
         self._kernel = KernelSymbols(kallsyms_path, modules_path)
-        self._files: OrderedDict[FileKey, _SymbolFile | str] = OrderedDict()
+        self._files: OrderedDict[FileKey, SymbolFile | str] = OrderedDict()
         self._users: dict[FileKey, set[int]] = {}
         self._processes: dict[int, _Process] = {}
         self._failures = 0
@@ -314,20 +283,20 @@ class Symbolizer:
             sym = self._mapped_file(proc, mapping)
             module = mapping.path
         else:
-            return self._jit(proc, address) or _placeholder(mapping.path, offset)
+            return self._jit(proc, address) or placeholder(mapping.path, offset)
         if sym is None:
             # Not ELF (or unreadable): maybe JIT code in a file-backed mapping (memfd, perf map).
-            return self._jit(proc, address) or _placeholder(module, offset)
+            return self._jit(proc, address) or placeholder(module, offset)
         build_id = sym.info.build_id
         vaddr = sym.info.file_offset_to_vaddr(offset)
         name = sym.name(vaddr) if vaddr is not None else None
         if name is None:
-            return _placeholder(module, offset, build_id)
+            return placeholder(module, offset, build_id)
         return Frame(name, FrameKind.NATIVE, module, offset, build_id)
 
     # -- files ---------------------------------------------------------------------------------
 
-    def _mapped_file(self, proc: _Process, mapping: Mapping) -> _SymbolFile | None:
+    def _mapped_file(self, proc: _Process, mapping: Mapping) -> SymbolFile | None:
         slot = (mapping.start, mapping.inode)
         if slot in proc.files:
             mapped = proc.files[slot]
@@ -341,68 +310,32 @@ class Symbolizer:
             sym = self._load_path(mapped, mapping.path, proc)
         return sym
 
-    def _cached(self, key: FileKey, proc: _Process) -> _SymbolFile | None:
+    def _cached(self, key: FileKey, proc: _Process) -> SymbolFile | None:
         entry = self._files.get(key)
         if entry is None:
             return None
         self._files.move_to_end(key)
         self._use(key, proc)
-        return entry if isinstance(entry, _SymbolFile) else None
+        return entry if isinstance(entry, SymbolFile) else None
 
     def _use(self, key: FileKey, proc: _Process) -> None:
         if key not in proc.keys:
             proc.keys.add(key)
             self._users.setdefault(key, set()).add(proc.pid)
 
-    def _store(self, key: FileKey, value: _SymbolFile | str, proc: _Process) -> None:
+    def _store(self, key: FileKey, value: SymbolFile | str, proc: _Process) -> None:
         self._files[key] = value
         self._files.move_to_end(key)
         self._use(key, proc)
         while len(self._files) > self._max_files:
             self._files.popitem(last=False)  # reloaded from its path if a process still needs it
 
-    def _load_path(self, mapped: MappedFile, binary_path: str, proc: _Process) -> _SymbolFile | None:
-        try:
-            with open(mapped.open_path, "rb") as f:
-                st = os.fstat(f.fileno())
-                if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != mapped.key:
-                    raise ElfFormatError("file changed since it was first opened")
-                info = read_elf(f, st.st_size)
-        except (OSError, ElfFormatError) as exc:
-            log.debug("%s: not usable for symbols: %s", mapped.open_path, exc)
-            self._store(mapped.key, _UNUSABLE, proc)
-            return None
-        sym = self._with_debug_symbols(info, binary_path, f"{self._proc_root}/{proc.pid}/root")
-        self._store(mapped.key, sym, proc)
+    def _load_path(self, mapped: MappedFile, binary_path: str, proc: _Process) -> SymbolFile | None:
+        sym = load_mapped_file(mapped, binary_path, f"{self._proc_root}/{proc.pid}/root", self._debug_dirs)
+        self._store(mapped.key, _UNUSABLE if sym is None else sym, proc)
         return sym
 
-    def _with_debug_symbols(self, info: ElfInfo, binary_path: str, root: str) -> _SymbolFile:
-        symtab = info.symtab
-        debug_file = ""
-        if symtab is None or not symtab.entries:
-            for path, how, crc in debug_file_candidates(
-                info.build_id, info.debuglink, binary_path, root, self._debug_dirs
-            ):
-                debug = read_debug_file(path, info.build_id, crc)
-                if debug is not None and debug.symtab is not None and debug.symtab.entries:
-                    symtab, debug_file = debug.symtab, path
-                    log.debug("symbols of %s from %s (%s)", binary_path, path, how)
-                    break
-            else:
-                mini = read_minidebuginfo(info)
-                if mini is not None and mini.entries:
-                    symtab, debug_file = mini, MINIDEBUGINFO
-                    log.debug("symbols of %s from its .gnu_debugdata", binary_path)
-        if not debug_file and (symtab is None or not symtab.entries):
-            log.debug(
-                "no .symtab and no debug file for %s (build id %s): .dynsym only", binary_path, info.build_id or "none"
-            )
-        table = SymbolTable.build([symtab, info.dynsym])
-        info.symtab = info.dynsym = None  # the table holds what is needed
-        info.gnu_debugdata = b""
-        return _SymbolFile(info, table, debug_file)
-
-    def _vdso(self, proc: _Process, mapping: Mapping) -> _SymbolFile | None:
+    def _vdso(self, proc: _Process, mapping: Mapping) -> SymbolFile | None:
         slot = (mapping.start, -1)
         mapped = proc.files.get(slot)
         if mapped is not None:
@@ -425,14 +358,8 @@ class Symbolizer:
         proc.files[slot] = MappedFile(key, "")
         sym = self._cached(key, proc)
         if sym is None and key not in self._files:
-            try:
-                info = read_elf(io.BytesIO(image), len(image))
-            except ElfFormatError as exc:
-                log.debug("vDSO of %d: %s", proc.pid, exc)
-                self._store(key, _UNUSABLE, proc)
-                return None
-            sym = _SymbolFile(info, SymbolTable.build([info.symtab, info.dynsym]))
-            self._store(key, sym, proc)
+            sym = load_vdso_image(image, proc.pid)
+            self._store(key, _UNUSABLE if sym is None else sym, proc)
         return sym
 
     # -- JIT -------------------------------------------------------------------------------------
@@ -474,13 +401,6 @@ class Symbolizer:
     def _log_error(self, what: str, exc: Exception) -> None:
         self._unexpected_errors += 1
         self._errors.warning("symbolization error (%s): %s: %s", what, type(exc).__name__, exc)
-
-
-def _placeholder(module: str, offset: int, build_id: str = "") -> Frame:
-    if not module:
-        return UNKNOWN
-    base = module.rsplit("/", 1)[-1]
-    return Frame(f"[unknown] {base}+0x{offset:x}", FrameKind.PLACEHOLDER, module, offset, build_id)
 
 
 def _namespace_pid(proc_root: str, pid: int) -> int:
