@@ -23,7 +23,6 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +30,7 @@ from offcpu_exporter.procstat import start_ticks
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.snapshot import Frame, FrameKind
 from offcpu_exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS
+from offcpu_exporter.symbols.filecache import SymbolFileCache
 from offcpu_exporter.symbols.frames import JIT_MODULE, UNKNOWN, VDSO, placeholder
 from offcpu_exporter.symbols.kernel import KernelSymbols
 from offcpu_exporter.symbols.mapped import FileKey, MappedFile, open_mapped_file
@@ -49,8 +49,6 @@ _ERROR_LOG_INTERVAL = 60.0
 
 
 
-_UNUSABLE = "unusable"  # file-cache value for a file that is not a usable ELF image
-
 
 @dataclass(slots=True)
 class _Process:
@@ -58,7 +56,6 @@ class _Process:
     maps: ProcessMaps = field(default_factory=lambda: ProcessMaps([]))
     maps_read_at: float = -1e9
     files: dict[tuple[int, int], MappedFile | None] = field(default_factory=dict)
-    keys: set[FileKey] = field(default_factory=set)
     frames: dict[int, Frame] = field(default_factory=dict)
     perf_map: PerfMap | None = None
     perf_map_checked_at: float = -1e9
@@ -80,13 +77,11 @@ class Symbolizer:
         maps_refresh_interval: float = 1.0,
     ) -> None:
         self._proc_root = proc_root.rstrip("/") or "/"
-        self._max_files = max(1, max_cached_files)
         self._debug_dirs = tuple(debug_dirs)
         self._refresh_interval = maps_refresh_interval
         modules_path = os.path.join(os.path.dirname(kallsyms_path) or ".", "modules")
         self._kernel = KernelSymbols(kallsyms_path, modules_path)
-        self._files: OrderedDict[FileKey, SymbolFile | str] = OrderedDict()
-        self._users: dict[FileKey, set[int]] = {}
+        self._files = SymbolFileCache(max_cached_files)
         self._processes: dict[int, _Process] = {}
         self._failures = 0
         self._lock = threading.Lock()
@@ -180,17 +175,8 @@ class Symbolizer:
     def forget(self, pid: int) -> None:
         """The process exited: drop its maps, and the files no other process maps."""
         with self._lock:
-            proc = self._processes.pop(pid, None)
-            if proc is None:
-                return
-            for key in proc.keys:
-                users = self._users.get(key)
-                if users is None:
-                    continue
-                users.discard(pid)
-                if not users:
-                    del self._users[key]
-                    self._files.pop(key, None)
+            if self._processes.pop(pid, None) is not None:
+                self._files.release(pid)
 
     # -- introspection for tests and self-metrics -------------------------------------------
 
@@ -305,41 +291,21 @@ class Symbolizer:
             proc.files[slot] = mapped
         if mapped is None:
             return None
-        sym = self._cached(mapped.key, proc)
+        sym = self._files.get(mapped.key, proc.pid)
         if sym is None and mapped.key not in self._files:
             sym = self._load_path(mapped, mapping.path, proc)
         return sym
 
-    def _cached(self, key: FileKey, proc: _Process) -> SymbolFile | None:
-        entry = self._files.get(key)
-        if entry is None:
-            return None
-        self._files.move_to_end(key)
-        self._use(key, proc)
-        return entry if isinstance(entry, SymbolFile) else None
-
-    def _use(self, key: FileKey, proc: _Process) -> None:
-        if key not in proc.keys:
-            proc.keys.add(key)
-            self._users.setdefault(key, set()).add(proc.pid)
-
-    def _store(self, key: FileKey, value: SymbolFile | str, proc: _Process) -> None:
-        self._files[key] = value
-        self._files.move_to_end(key)
-        self._use(key, proc)
-        while len(self._files) > self._max_files:
-            self._files.popitem(last=False)  # reloaded from its path if a process still needs it
-
     def _load_path(self, mapped: MappedFile, binary_path: str, proc: _Process) -> SymbolFile | None:
         sym = load_mapped_file(mapped, binary_path, f"{self._proc_root}/{proc.pid}/root", self._debug_dirs)
-        self._store(mapped.key, _UNUSABLE if sym is None else sym, proc)
+        self._files.store(mapped.key, sym, proc.pid)
         return sym
 
     def _vdso(self, proc: _Process, mapping: Mapping) -> SymbolFile | None:
         slot = (mapping.start, -1)
         mapped = proc.files.get(slot)
         if mapped is not None:
-            sym = self._cached(mapped.key, proc)
+            sym = self._files.get(mapped.key, proc.pid)
             if sym is not None or mapped.key in self._files:
                 return sym
         elif slot in proc.files:
@@ -356,10 +322,10 @@ class Symbolizer:
             return None
         key: FileKey = (VDSO, hashlib.blake2b(image, digest_size=16).hexdigest())
         proc.files[slot] = MappedFile(key, "")
-        sym = self._cached(key, proc)
+        sym = self._files.get(key, proc.pid)
         if sym is None and key not in self._files:
             sym = load_vdso_image(image, proc.pid)
-            self._store(key, _UNUSABLE if sym is None else sym, proc)
+            self._files.store(key, sym, proc.pid)
         return sym
 
     # -- JIT -------------------------------------------------------------------------------------
