@@ -47,9 +47,7 @@ class SymbolFile:
         return result
 
 
-def load_mapped_file(
-    mapped: MappedFile, binary_path: str, root: str, debug_dirs: Sequence[str]
-) -> SymbolFile | None:
+def load_mapped_file(mapped: MappedFile, binary_path: str, root: str, debug_dirs: Sequence[str]) -> SymbolFile | None:
     """The symbols of the file `mapped` opens, or None when it is not a usable ELF image (or no
     longer the file first opened). `binary_path` is its path as the process sees it, `root` that
     process's root directory (where its debug files are looked for)."""
