@@ -79,12 +79,15 @@ class Symbolizer:
                 self._failures += len(addresses)
                 return (UNKNOWN,) * len(addresses)
             out = []
+            frames = proc.frames  # the hot path (stacks seen before) stays a dict lookup, no call
             for address in addresses:
-                try:
-                    frame = self._user.resolve(proc, int(address))
-                except Exception as exc:
-                    self._log_error(f"address in process {pid}", exc)
-                    frame = UNKNOWN
+                frame = frames.get(address)
+                if frame is None:
+                    try:
+                        frame = self._user.resolve(proc, int(address))
+                    except Exception as exc:
+                        self._log_error(f"address in process {pid}", exc)
+                        frame = UNKNOWN
                 if frame.kind is FrameKind.PLACEHOLDER:
                     self._failures += 1
                 out.append(frame)

@@ -77,9 +77,7 @@ class UserSymbols:
     # -- addresses -------------------------------------------------------------------------------
 
     def resolve(self, proc: ProcessState, address: int) -> Frame:
-        frame = proc.frames.get(address)
-        if frame is not None:
-            return frame
+        """The frame of `address`, not found in `proc.frames` (cached there if it will hold)."""
         mapping = proc.maps.find(address)
         if mapping is None and time.monotonic() - proc.maps_read_at >= self._refresh_interval:
             # Not in any known mapping: a library dlopen'ed (or code mapped) since the last read.
