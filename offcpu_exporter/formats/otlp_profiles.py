@@ -36,6 +36,7 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2 as pb
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from offcpu_exporter import __version__
+from offcpu_exporter.formats.interning import Interner, StringTable
 from offcpu_exporter.snapshot import Frame, FrameKind, ProcessInfo, ProcessKey, Snapshot, Stack, StackSample
 
 __all__ = [
@@ -107,69 +108,55 @@ def service_name_of(info: ProcessInfo, template: str) -> str:
 
 
 class _Dictionary:
-    """Interns strings, attributes, functions, mappings, locations and stacks into one dictionary."""
+    """Interns strings, attributes, functions, mappings, locations and stacks into one dictionary.
+    Every table but the strings starts with an empty entry: index 0 means "none"."""
 
     def __init__(self, target: pb.ProfilesDictionary) -> None:
         self.proto = target
         d = target
-        d.string_table.append("")
         d.mapping_table.add()
         d.location_table.add()
         d.function_table.add()
         d.link_table.add()
         d.attribute_table.add()
         d.stack_table.add()
-        self._strings: dict[str, int] = {"": 0}
-        self._attributes: dict[tuple[str, str, object], int] = {}
-        self._functions: dict[str, int] = {}
-        self._mappings: dict[tuple[str, str], int] = {}
-        self._locations: dict[tuple[str, str, int, str, str, bool], int] = {}
+        self.string = StringTable(d.string_table)
+        self._attributes: Interner[tuple[str, str, str | int | float]] = Interner(first=1)
+        self._functions: Interner[str] = Interner(first=1)
+        self._mappings: Interner[tuple[str, str]] = Interner(first=1)
+        self._locations: Interner[tuple[str, str, int, str, str, bool]] = Interner(first=1)
         self._frame_types: dict[str, int] = {}
-        self._stacks: dict[tuple[int, ...], int] = {}
+        self._stacks: Interner[tuple[int, ...]] = Interner(first=1)
         self._stack_objects: dict[int, tuple[Stack, int]] = {}  # id(stack) -> (stack, index)
 
-    def string(self, value: str) -> int:
-        index = self._strings.get(value)
-        if index is None:
-            index = len(self.proto.string_table)
-            self.proto.string_table.append(value)
-            self._strings[value] = index
-        return index
-
     def attribute(self, key: str, value: str | int | float) -> int:
-        ident = (key, type(value).__name__, value)
-        index = self._attributes.get(ident)
-        if index is None:
-            index = len(self.proto.attribute_table)
-            entry = self.proto.attribute_table.add(key_strindex=self.string(key))
-            if isinstance(value, int):
-                entry.value.int_value = value
-            elif isinstance(value, float):
-                entry.value.double_value = value
-            else:
-                entry.value.string_value = value
-            self._attributes[ident] = index
-        return index
+        return self._attributes.index((key, type(value).__name__, value), self._write_attribute)
+
+    def _write_attribute(self, ident: tuple[str, str, str | int | float], _index: int) -> None:
+        key, _type, value = ident
+        entry = self.proto.attribute_table.add(key_strindex=self.string(key))
+        if isinstance(value, int):
+            entry.value.int_value = value
+        elif isinstance(value, float):
+            entry.value.double_value = value
+        else:
+            entry.value.string_value = value
 
     def function(self, name: str) -> int:
-        index = self._functions.get(name)
-        if index is None:
-            index = len(self.proto.function_table)
-            self.proto.function_table.add(name_strindex=self.string(name))
-            self._functions[name] = index
-        return index
+        return self._functions.index(name, self._write_function)
+
+    def _write_function(self, name: str, _index: int) -> None:
+        self.proto.function_table.add(name_strindex=self.string(name))
 
     def mapping(self, module: str, build_id: str) -> int:
         if not module:
             return 0
-        ident = (module, build_id)
-        index = self._mappings.get(ident)
-        if index is None:
-            index = len(self.proto.mapping_table)
-            attrs = [self.attribute(BUILD_ID_ATTRIBUTE, build_id)] if build_id else []
-            self.proto.mapping_table.add(filename_strindex=self.string(module), attribute_indices=attrs)
-            self._mappings[ident] = index
-        return index
+        return self._mappings.index((module, build_id), self._write_mapping)
+
+    def _write_mapping(self, ident: tuple[str, str], _index: int) -> None:
+        module, build_id = ident
+        attrs = [self.attribute(BUILD_ID_ATTRIBUTE, build_id)] if build_id else []
+        self.proto.mapping_table.add(filename_strindex=self.string(module), attribute_indices=attrs)
 
     def location(self, frame: Frame, frame_type: str) -> int:
         # keyed by plain fields: hashing the frozen Frame would hash its enum in Python code.
@@ -177,20 +164,19 @@ class _Dictionary:
         # address, so that a backend with the debug file can still name it; a lost stack has neither.
         placeholder = frame.kind is FrameKind.PLACEHOLDER and not frame.module
         ident = (frame.name, frame.module, frame.offset, frame.build_id, frame_type, placeholder)
-        index = self._locations.get(ident)
-        if index is None:
-            index = len(self.proto.location_table)
-            type_attr = self._frame_types.get(frame_type)
-            if type_attr is None:
-                type_attr = self._frame_types[frame_type] = self.attribute(FRAME_TYPE_ATTRIBUTE, frame_type)
-            loc = self.proto.location_table.add(
-                mapping_index=0 if placeholder else self.mapping(frame.module, frame.build_id),
-                address=0 if placeholder else frame.offset,
-                attribute_indices=(type_attr,),
-            )
-            loc.lines.add(function_index=self.function(frame.name))
-            self._locations[ident] = index
-        return index
+        return self._locations.index(ident, self._write_location)
+
+    def _write_location(self, ident: tuple[str, str, int, str, str, bool], _index: int) -> None:
+        name, module, offset, build_id, frame_type, placeholder = ident
+        type_attr = self._frame_types.get(frame_type)
+        if type_attr is None:
+            type_attr = self._frame_types[frame_type] = self.attribute(FRAME_TYPE_ATTRIBUTE, frame_type)
+        loc = self.proto.location_table.add(
+            mapping_index=0 if placeholder else self.mapping(module, build_id),
+            address=0 if placeholder else offset,
+            attribute_indices=(type_attr,),
+        )
+        loc.lines.add(function_index=self.function(name))
 
     def stack_of(self, stack: Stack, jit: str) -> int:
         """Stacks repeat across threads and reasons; the snapshot shares their objects."""
@@ -204,13 +190,10 @@ class _Dictionary:
         return index
 
     def stack(self, locations: tuple[int, ...]) -> int:
-        index = self._stacks.get(locations)
-        if index is None:
-            index = len(self.proto.stack_table)
-            self.proto.stack_table.add(location_indices=locations)
-            self._stacks[locations] = index
-        return index
+        return self._stacks.index(locations, self._write_stack)
 
+    def _write_stack(self, locations: tuple[int, ...], _index: int) -> None:
+        self.proto.stack_table.add(location_indices=locations)
 
 def _user_frame_type(frame: Frame, jit: str) -> str:
     """The kernel half is always "kernel"; in the user half a frame may still be one (vDSO

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 
+from offcpu_exporter.formats.interning import Interner, StringTable
 from offcpu_exporter.formats.profile import Profile
 from offcpu_exporter.formats.proto import profile_pb2 as pb
 from offcpu_exporter.snapshot import Frame, FrameKind
@@ -33,19 +34,10 @@ class _Tables:
 
     def __init__(self, message: pb.Profile) -> None:
         self._message = message
-        self._strings: dict[str, int] = {}
-        self._mappings: dict[tuple[str, str], pb.Mapping] = {}
-        self._functions: dict[tuple[str, str], int] = {}
-        self._locations: dict[Frame, int] = {}
-        self.string("")  # string_table[0] must be ""
-
-    def string(self, value: str) -> int:
-        index = self._strings.get(value)
-        if index is None:
-            index = len(self._strings)
-            self._strings[value] = index
-            self._message.string_table.append(value)
-        return index
+        self.string = StringTable(message.string_table)
+        self._mappings: Interner[tuple[str, str]] = Interner(first=1)
+        self._functions: Interner[tuple[str, str]] = Interner(first=1)
+        self._locations: Interner[Frame] = Interner(first=1)
 
     def mapping(self, frame: Frame) -> pb.Mapping | None:
         if frame.kind is FrameKind.PLACEHOLDER:
@@ -55,46 +47,43 @@ class _Tables:
             module = _KERNEL_MODULE
         if not module:
             return None
-        key = (module, frame.build_id)
-        mapping = self._mappings.get(key)
-        if mapping is None:
-            mapping = self._message.mapping.add(
-                id=len(self._mappings) + 1,
-                memory_start=0,
-                memory_limit=0,
-                file_offset=0,
-                filename=self.string(module),
-                build_id=self.string(frame.build_id),
-                has_functions=True,
-            )
-            self._mappings[key] = mapping
-        return mapping
+        return self._message.mapping[self._mappings.index((module, frame.build_id), self._write_mapping) - 1]
+
+    def _write_mapping(self, key: tuple[str, str], mapping_id: int) -> None:
+        module, build_id = key
+        self._message.mapping.add(
+            id=mapping_id,
+            memory_start=0,
+            memory_limit=0,
+            file_offset=0,
+            filename=self.string(module),
+            build_id=self.string(build_id),
+            has_functions=True,
+        )
 
     def function(self, frame: Frame, filename: str) -> int:
-        key = (frame.name, filename)
-        function_id = self._functions.get(key)
-        if function_id is None:
-            function_id = len(self._functions) + 1
-            name = self.string(frame.name)
-            self._message.function.add(id=function_id, name=name, system_name=name, filename=self.string(filename))
-            self._functions[key] = function_id
-        return function_id
+        return self._functions.index((frame.name, filename), self._write_function)
+
+    def _write_function(self, key: tuple[str, str], function_id: int) -> None:
+        name, filename = key
+        name_index = self.string(name)
+        self._message.function.add(
+            id=function_id, name=name_index, system_name=name_index, filename=self.string(filename)
+        )
 
     def location(self, frame: Frame) -> int:
-        location_id = self._locations.get(frame)
-        if location_id is None:
-            location_id = len(self._locations) + 1
-            mapping = self.mapping(frame)
-            filename = self._message.string_table[mapping.filename] if mapping is not None else ""
-            address = frame.offset if mapping is not None else 0
-            if mapping is not None and address >= mapping.memory_limit:
-                mapping.memory_limit = address + 1
-            location = self._message.location.add(
-                id=location_id, mapping_id=mapping.id if mapping is not None else 0, address=address
-            )
-            location.line.add(function_id=self.function(frame, filename))
-            self._locations[frame] = location_id
-        return location_id
+        return self._locations.index(frame, self._write_location)
+
+    def _write_location(self, frame: Frame, location_id: int) -> None:
+        mapping = self.mapping(frame)
+        filename = self._message.string_table[mapping.filename] if mapping is not None else ""
+        address = frame.offset if mapping is not None else 0
+        if mapping is not None and address >= mapping.memory_limit:
+            mapping.memory_limit = address + 1
+        location = self._message.location.add(
+            id=location_id, mapping_id=mapping.id if mapping is not None else 0, address=address
+        )
+        location.line.add(function_id=self.function(frame, filename))
 
 
 def encode_message(profile: Profile) -> pb.Profile:
