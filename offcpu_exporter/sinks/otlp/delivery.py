@@ -1,7 +1,8 @@
 """Background delivery of profile requests: bounded queue, retries with jittered exponential backoff.
 
 `publish` only appends the snapshot to a bounded queue (the pipeline thread never encodes or waits);
-one worker thread encodes and sends, oldest first. A retryable failure is retried after
+one worker thread encodes and sends, oldest first, with the retry rule all push outputs share
+(`offcpu_exporter.sinks.retry`). A retryable failure is retried after
 ``min(cap, base * 2**n) * U(0.8, 1.2)`` seconds (or the server's Retry-After / RetryInfo delay)
 until the request's deadline (`max_delay` after its flush). Each request carries only the
 increases of its interval, so a late request is still correct data: it is kept while it can be
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -30,27 +30,16 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
 
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks import SinkStats
+from offcpu_exporter.sinks.retry import Attempt, Backoff, Verdict, send_with_retries
 from offcpu_exporter.snapshot import Snapshot
 
-from .profiles_transport import ProfilesClient
+from .profiles_transport import ExportResult, ProfilesClient
 
-__all__ = ["Backoff", "ProfilesDelivery"]
+__all__ = ["ProfilesDelivery"]
 
 log = logging.getLogger(__name__)
 
 Encoder = Callable[[Snapshot], list[ExportProfilesServiceRequest]]
-
-
-@dataclass(frozen=True)
-class Backoff:
-    base: float = 0.5
-    cap: float = 5.0
-    jitter: float = 0.2
-
-    def delay(self, attempt: int, hint: float | None = None) -> float:
-        if hint is not None:
-            return max(0.0, hint)
-        return min(self.cap, self.base * (2**attempt)) * random.uniform(1 - self.jitter, 1 + self.jitter)
 
 
 @dataclass
@@ -163,60 +152,73 @@ class ProfilesDelivery:
             return
 
     def _send(self, request: ExportProfilesServiceRequest, deadline: float) -> str:
-        attempt = 0
-        while True:
-            if self._stop.is_set():
-                self._log.log(logging.WARNING, "OTLP profiles: request dropped at shutdown")
-                return "dropped"
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._log.log(
-                    logging.WARNING,
-                    "OTLP profiles: request dropped, not delivered to %s within %.0f s",
-                    self._client.description,
-                    self._max_delay,
-                )
-                return "dropped"
-            result = self._client.export(request, min(self._timeout, remaining))
+        if self._stop.is_set():
+            self._log.log(logging.WARNING, "OTLP profiles: request dropped at shutdown")
+            return "dropped"
+        partial: list[ExportResult] = []
+
+        def send(timeout: float) -> Attempt:
+            result = self._client.export(request, timeout)
             if result.ok:
-                self._stats.add("sent")
-                if result.rejected_profiles or result.partial_message:
-                    self._stats.add("rejected_profiles", result.rejected_profiles)
-                    self._log.log(
-                        logging.WARNING,
-                        "OTLP profiles: partial success from %s: %d profiles rejected: %s",
-                        self._client.description,
-                        result.rejected_profiles,
-                        result.partial_message,
-                    )
-                return "sent"
-            if not result.retryable:
-                self._log.log(
-                    logging.ERROR,
-                    "OTLP profiles: %s refused the request (not retried): %s",
-                    self._client.description,
-                    result.message,
-                )
-                return "failed"
-            delay = self._backoff.delay(attempt, result.retry_after)
-            if time.monotonic() + delay >= deadline:
-                self._log.log(
-                    logging.WARNING,
-                    "OTLP profiles: request dropped, %s unreachable until its deadline: %s",
-                    self._client.description,
-                    result.message,
-                )
-                return "dropped"
+                partial.append(result)
+            return Attempt(result.ok, result.retryable, result.retry_after, result.message)
+
+        def retrying(answer: Attempt, n: int) -> None:
             self._log.log(
                 logging.WARNING,
                 "OTLP profiles: export to %s failed, retrying: %s",
                 self._client.description,
-                result.message,
+                answer.message,
             )
-            if self._stop.wait(delay):
-                return "dropped"
             self._stats.add("retried")
-            attempt += 1
+
+        outcome = send_with_retries(
+            send,
+            deadline=deadline,
+            timeout=self._timeout,
+            backoff=self._backoff,
+            wait=lambda seconds: not self._stop.wait(seconds),
+            on_retry=retrying,
+        )
+        if outcome.verdict is Verdict.SENT:
+            self._stats.add("sent")
+            result = partial[0]
+            if result.rejected_profiles or result.partial_message:
+                self._stats.add("rejected_profiles", result.rejected_profiles)
+                self._log.log(
+                    logging.WARNING,
+                    "OTLP profiles: partial success from %s: %d profiles rejected: %s",
+                    self._client.description,
+                    result.rejected_profiles,
+                    result.partial_message,
+                )
+            return "sent"
+        message = outcome.last.message if outcome.last is not None else ""
+        if outcome.verdict is Verdict.REFUSED:
+            self._log.log(
+                logging.ERROR,
+                "OTLP profiles: %s refused the request (not retried): %s",
+                self._client.description,
+                message,
+            )
+            return "failed"
+        if outcome.why == "shutdown":
+            self._log.log(logging.WARNING, "OTLP profiles: request dropped at shutdown")
+        elif outcome.last is None:
+            self._log.log(
+                logging.WARNING,
+                "OTLP profiles: request dropped, not delivered to %s within %.0f s",
+                self._client.description,
+                self._max_delay,
+            )
+        else:
+            self._log.log(
+                logging.WARNING,
+                "OTLP profiles: request dropped, %s unreachable until its deadline: %s",
+                self._client.description,
+                message,
+            )
+        return "dropped"
 
     def _drop(self, snapshot: Snapshot, why: str) -> None:
         ns = _offcpu_ns(snapshot)

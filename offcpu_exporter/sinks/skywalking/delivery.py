@@ -2,7 +2,8 @@
 
 `submit` (called from `Sink.publish` on the pipeline thread) only appends to the buffer and wakes
 the worker. On each wake (one per flush) the worker sends everything pending, one stream per task,
-retrying with jittered exponential backoff within a deadline; a batch that still fails stays in the
+retrying with jittered exponential backoff within a deadline (the rule all push outputs share:
+`offcpu_exporter.sinks.retry`); a batch that still fails stays in the
 buffer and goes again on the next flush. The buffer holds at most `limit` messages: beyond it the
 oldest are dropped, counted in the sink's stats (``dropped``) and logged (rate-limited). This fixes
 Rover's behaviour of losing an interval whenever a send fails.
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 import threading
 import time
 from collections import deque
@@ -24,6 +24,7 @@ from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 
 from offcpu_exporter.formats.skywalking import TaskMetadata
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks import SinkStats
+from offcpu_exporter.sinks.retry import Attempt, Backoff, Verdict, send_with_retries
 
 __all__ = ["Batch", "Delivery", "RetryPolicy", "Transport", "describe_error"]
 
@@ -45,17 +46,15 @@ class Batch:
     messages: tuple[pb.EBPFProfilingData, ...]
 
 
+_BACKOFF = Backoff(base=0.5, cap=4.0)
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     attempts: int = 4  # per flush, per stream
-    initial_backoff: float = 0.5
-    max_backoff: float = 4.0
+    backoff: Backoff = _BACKOFF
     deadline: float = 15.0  # seconds of trying per flush, all streams together
     rpc_timeout: float = 10.0
-
-    def backoff(self, attempt: int) -> float:
-        """Full-jitter exponential backoff before retry number `attempt` (1-based)."""
-        return random.uniform(0, min(self.max_backoff, self.initial_backoff * 2 ** (attempt - 1)))
 
 
 class Delivery:
@@ -178,41 +177,52 @@ class Delivery:
                 self._pending_messages += len(batch.messages)
             self._trim_locked()
 
-    def _sleep(self, seconds: float) -> None:
+    def _wait(self, seconds: float) -> bool:
+        """Sleeps a backoff; False when shutdown cut it short and its time is up."""
         if self._closing.is_set():
             seconds = min(seconds, max(0.0, self._close_deadline - time.monotonic()))
         self._closing.wait(seconds)  # shutdown cuts the backoff short
+        return not (self._closing.is_set() and time.monotonic() >= self._close_deadline)
 
     def _deliver(self, batch: Batch, deadline: float) -> bool:
-        policy = self._policy
-        for attempt in range(1, policy.attempts + 1):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
+        def send(timeout: float) -> Attempt:
             task = dataclasses.replace(batch.task, current_ms=self._clock_ms())
             try:
-                self._transport.send(task, batch.messages, min(policy.rpc_timeout, left))
+                self._transport.send(task, batch.messages, timeout)
             except Exception as exc:  # grpc.RpcError, OSError: the transport's failure modes
-                self._warn_fail.warning(
-                    "skywalking %s: sending %d messages of task %s failed (attempt %d): %s",
-                    self._transport.name,
-                    len(batch.messages),
-                    batch.task.task_id,
-                    attempt,
-                    describe_error(exc),
-                )
-                if attempt == policy.attempts:
-                    return False
-                self._stats.add("retried")
-                self._sleep(policy.backoff(attempt))
-                if self._closing.is_set() and time.monotonic() >= self._close_deadline:
-                    return False
-                continue
-            self._stats.add("sent", len(batch.messages))
-            with self._lock:
-                self._in_flight -= len(batch.messages)
-            return True
-        return False
+                return Attempt(False, retryable=True, message=describe_error(exc))
+            return Attempt(True)
+
+        def retrying(answer: Attempt, n: int) -> None:
+            self._stats.add("retried")
+
+        def failed(answer: Attempt, n: int) -> None:
+            self._warn_fail.warning(
+                "skywalking %s: sending %d messages of task %s failed (attempt %d): %s",
+                self._transport.name,
+                len(batch.messages),
+                batch.task.task_id,
+                n,
+                answer.message,
+            )
+
+        policy = self._policy
+        outcome = send_with_retries(
+            send,
+            deadline=deadline,
+            timeout=policy.rpc_timeout,
+            backoff=policy.backoff,
+            wait=self._wait,
+            attempts=policy.attempts,
+            on_retry=retrying,
+            on_failure=failed,
+        )
+        if outcome.verdict is not Verdict.SENT:
+            return False
+        self._stats.add("sent", len(batch.messages))
+        with self._lock:
+            self._in_flight -= len(batch.messages)
+        return True
 
     def _run(self) -> None:
         while True:

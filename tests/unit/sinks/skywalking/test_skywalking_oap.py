@@ -13,6 +13,7 @@ import pytest
 
 from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
 from offcpu_exporter.sinks import SinkContext
+from offcpu_exporter.sinks.retry import Backoff
 from offcpu_exporter.sinks.skywalking.agent import Agent, AgentOptions
 from offcpu_exporter.sinks.skywalking.client import OapClient, OapConnection
 from offcpu_exporter.sinks.skywalking.delivery import RetryPolicy
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.timeout(60)
 
 APP = process(4242, "app", cmdline=("app", "--serve"))
 OTHER = process(777, "other")
-FAST = RetryPolicy(attempts=3, initial_backoff=0.05, max_backoff=0.2, deadline=2.0, rpc_timeout=1.0)
+FAST = RetryPolicy(attempts=3, backoff=Backoff(base=0.05, cap=0.2), deadline=2.0, rpc_timeout=1.0)
 T0_MS = T0 // 1_000_000
 
 
