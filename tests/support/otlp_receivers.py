@@ -110,18 +110,15 @@ class _Servicers(profiles_service_pb2_grpc.ProfilesServiceServicer, metrics_serv
         return response
 
 
-class GrpcReceiver:
-    """An OTLP gRPC receiver on 127.0.0.1; `stop()` then `start()` brings it back on the same port.
-    With `mtls`, it serves TLS with the PKI's server certificate and requires a client certificate
-    signed by its CA."""
+class _Receiver:
+    """What both receivers share: a loopback port, what was received, failures scripted by tests."""
 
-    def __init__(self, port: int | None = None, mtls: Pki | None = None) -> None:
+    def __init__(self, port: int | None, mtls: Pki | None) -> None:
         self.mtls = mtls
         self.port = port or free_port()
         self.received = Received()
         self._failures: list[Failure] = []
         self._flock = threading.Lock()
-        self._server: grpc.Server | None = None
 
     @property
     def endpoint(self) -> str:
@@ -140,6 +137,16 @@ class GrpcReceiver:
             if failure.count <= 0:
                 self._failures.pop(0)
             return failure
+
+
+class GrpcReceiver(_Receiver):
+    """An OTLP gRPC receiver on 127.0.0.1; `stop()` then `start()` brings it back on the same port.
+    With `mtls`, it serves TLS with the PKI's server certificate and requires a client certificate
+    signed by its CA."""
+
+    def __init__(self, port: int | None = None, mtls: Pki | None = None) -> None:
+        super().__init__(port, mtls)
+        self._server: grpc.Server | None = None
 
     def start(self) -> GrpcReceiver:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -174,36 +181,14 @@ class GrpcReceiver:
         self.stop()
 
 
-class HttpReceiver:
+class HttpReceiver(_Receiver):
     """An OTLP/HTTP receiver on 127.0.0.1 for /v1development/profiles and /v1/metrics. With `mtls`,
     HTTPS that requires a client certificate signed by the PKI's CA."""
 
     def __init__(self, port: int | None = None, mtls: Pki | None = None) -> None:
-        self.mtls = mtls
-        self.port = port or free_port()
-        self.received = Received()
-        self._failures: list[Failure] = []
-        self._flock = threading.Lock()
+        super().__init__(port, mtls)
         self._server: http.server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"{'https' if self.mtls else 'http'}://127.0.0.1:{self.port}"
-
-    def fail_next(self, failure: Failure) -> None:
-        with self._flock:
-            self._failures.append(failure)
-
-    def _take_failure(self) -> Failure | None:
-        with self._flock:
-            if not self._failures:
-                return None
-            failure = self._failures[0]
-            failure.count -= 1
-            if failure.count <= 0:
-                self._failures.pop(0)
-            return failure
 
     def start(self) -> HttpReceiver:
         owner = self
@@ -222,7 +207,7 @@ class HttpReceiver:
                 if self.headers.get("Content-Type") != "application/x-protobuf":
                     self._reply(415, b"want application/x-protobuf", "text/plain")
                     return
-                failure = owner._take_failure()
+                failure = owner.take_failure()
                 if failure is not None and not failure.partial_rejected:
                     with owner.received.lock:
                         owner.received.refused += 1

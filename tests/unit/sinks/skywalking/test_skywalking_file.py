@@ -12,25 +12,13 @@ from google.protobuf.internal.encoder import _VarintBytes
 
 from offcpu_exporter.formats.delimited import CorruptFile, encode_varint, frame, read_messages
 from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
-from offcpu_exporter.sinks import SinkContext
 from offcpu_exporter.sinks.skywalking.dump import dump, dump_main
-from offcpu_exporter.sinks.skywalking.options import add_arguments, add_subcommands
+from offcpu_exporter.sinks.skywalking.options import add_subcommands
 from offcpu_exporter.sinks.skywalking.sink import create
-from offcpu_exporter.snapshot import Snapshot
-from offcpu_exporter.web import Routes
 from tests.support.snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
+from tests.unit.sinks.skywalking.options import context, parse
 
 APP = process(4242, "app")
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return parser.parse_args(argv)
-
-
-def context() -> SinkContext:
-    return SinkContext(latest=lambda: Snapshot.empty(), flush_now=lambda t: Snapshot.empty(), routes=Routes())
 
 
 def test_varint_framing_is_protobufs() -> None:

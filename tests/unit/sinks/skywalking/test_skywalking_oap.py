@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import subprocess
 import threading
@@ -12,17 +11,14 @@ import grpc
 import pytest
 
 from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
-from offcpu_exporter.sinks import SinkContext
 from offcpu_exporter.sinks.retry import Backoff
 from offcpu_exporter.sinks.skywalking.agent import Agent, AgentOptions
 from offcpu_exporter.sinks.skywalking.client import OapClient, OapConnection
 from offcpu_exporter.sinks.skywalking.delivery import RetryPolicy
-from offcpu_exporter.sinks.skywalking.options import add_arguments
 from offcpu_exporter.sinks.skywalking.sink import SkyWalkingSink, create
-from offcpu_exporter.snapshot import Snapshot
-from offcpu_exporter.web import Routes
 from tests.support.skywalking_oap import FakeOap, Task, oap_process_id
 from tests.support.snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
+from tests.unit.sinks.skywalking.options import context, parse
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,16 +26,6 @@ APP = process(4242, "app", cmdline=("app", "--serve"))
 OTHER = process(777, "other")
 FAST = RetryPolicy(attempts=3, backoff=Backoff(base=0.05, cap=0.2), deadline=2.0, rpc_timeout=1.0)
 T0_MS = T0 // 1_000_000
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return parser.parse_args(argv)
-
-
-def context() -> SinkContext:
-    return SinkContext(latest=lambda: Snapshot.empty(), flush_now=lambda t: Snapshot.empty(), routes=Routes())
 
 
 @pytest.fixture
