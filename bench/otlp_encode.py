@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from offcpu_exporter.formats.otlp_profiles import EncodeOptions, encode_profiles
 from offcpu_exporter.snapshot import Snapshot
-from tests.support.snapshots import many_process_snapshot
+from testkit.snapshots import many_process_snapshot
 
 
 def measure(snapshot: Snapshot, options: EncodeOptions, repeat: int) -> tuple[float, int, int]:

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from offcpu_exporter.formats import Profile, render
-from tests.support.snapshots import snapshot_history
+from testkit.snapshots import snapshot_history
 
 
 def timed(fn: Callable[[], object], repeat: int = 3) -> tuple[float, object]:

@@ -29,7 +29,7 @@ from offcpu_exporter.sinks.prometheus.sink import PrometheusSink
 from offcpu_exporter.web import Routes
 from offcpu_exporter.web.options import WebOptions
 from offcpu_exporter.web.server import WebServer
-from tests.support.snapshots import scrape_snapshot
+from testkit.snapshots import scrape_snapshot
 
 
 def client_process(port: int, threads: int, stop_at: float, max_requests: int, out: mp.Queue) -> None:

@@ -25,7 +25,7 @@ from offcpu_exporter.sinks.skywalking.file import FileTransport
 from offcpu_exporter.sinks.skywalking.options import add_arguments
 from offcpu_exporter.sinks.skywalking.sink import SkyWalkingSink
 from offcpu_exporter.snapshot import Counter, Frame, FrameKind, Stack
-from tests.support.snapshots import process, sample, snapshot
+from testkit.snapshots import process, sample, snapshot
 
 FLUSH_S = 5.0
 

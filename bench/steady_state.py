@@ -64,7 +64,7 @@ def otlp_receiver() -> Any:
     if importlib.util.find_spec("offcpu_exporter.sinks.otlp") is None:
         return None
     try:
-        from tests.support.otlp_receivers import GrpcReceiver
+        from testkit.otlp_receivers import GrpcReceiver
     except ImportError:
         return None
     return GrpcReceiver().start()

@@ -2,7 +2,7 @@
 pointers, in one run:
 
 - ns per captured user stack: both are called on the same switch-outs by the test harness
-  (tests/e2e/unwind/harness.py, the probe's hook) and timed with bpf_ktime_get_ns() around each;
+  (testkit/unwind_harness.py, the probe's hook) and timed with bpf_ktime_get_ns() around each;
   on a frame-pointer workload with tables (both walk the whole stack), the same without tables
   (both walk frame pointers), and on code built with -O2 -fomit-frame-pointer (the unwinder walks
   the whole stack, frame pointers stop after a frame or two);
@@ -29,7 +29,7 @@ from measure import WORKLOADS, Result, Row, Stopwatch, build_c, shared, summary,
 
 from offcpu_exporter.unwind import TableCache
 from offcpu_exporter.unwind.objects import object_info, object_table
-from tests.e2e.unwind.harness import Capture, Harness
+from testkit.unwind_harness import Capture, Harness
 
 OBJECTS = ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/python3.11")
 TARGET = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "unwind" / "unwind_target.c"

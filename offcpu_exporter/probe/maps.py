@@ -1,7 +1,7 @@
 """What the rest of the exporter uses of the loaded probe: `KernelMaps`.
 
 `Probe` (probe/loader.py) is the real one, over the BPF maps; tests and benchmarks pass an in-memory
-stand-in (tests/support/kernel_maps.py), which mypy checks against this protocol.
+stand-in (testkit/kernel_maps.py), which mypy checks against this protocol.
 """
 
 from __future__ import annotations

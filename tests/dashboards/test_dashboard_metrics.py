@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.support.grafana_dashboard import FIXED_METRICS, base_name, load, metric_names, queries
+from testkit.grafana_dashboard import FIXED_METRICS, base_name, load, metric_names, queries
 
 
 def test_every_metric_is_a_fixed_name() -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from offcpu_exporter.probe.loader import Probe, ProbeConfig
-from tests.support.inprocess import ATTACH
+from testkit.inprocess import ATTACH
 
 
 @pytest.fixture(scope="module")

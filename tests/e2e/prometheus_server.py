@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.exporter import free_port
+from testkit.exporter import free_port
 
 __all__ = ["SCRAPE_INTERVAL_S", "PrometheusServer", "scrape_config"]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.workloads import Workload, build
 from tests.helm.test_chart import container, render
-from tests.support.workloads import Workload, build
 
 pytestmark = pytest.mark.kernel
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.exporter import ROOT
-from tests.support.inprocess import FLUSH_TIMEOUT, running_pipeline, total, with_function
-from tests.support.workloads import Workload
+from testkit.exporter import ROOT
+from testkit.inprocess import FLUSH_TIMEOUT, running_pipeline, total, with_function
+from testkit.workloads import Workload
 
 pytestmark = pytest.mark.kernel
 
@@ -69,7 +69,7 @@ def test_record_text_shows_kernel_then_user_frames() -> None:
 def test_min_block_filters_short_blocks_in_the_kernel() -> None:
     from offcpu_exporter.probe import layout
     from offcpu_exporter.probe.loader import ProbeConfig
-    from tests.support.inprocess import ATTACH
+    from testkit.inprocess import ATTACH
 
     # 2^15 us, a slot boundary of the workload's own per-call histogram: calls at least that long
     # are in its slots 16 and up. 10 ms sleeps only get there when woken very late.

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from offcpu_exporter.probe.compiler_memory import compiler_code_mappings
-from tests.support.exporter import ExporterProcess
+from testkit.exporter import ExporterProcess
 
 pytestmark = pytest.mark.kernel
 

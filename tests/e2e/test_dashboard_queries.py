@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
+from testkit.exporter import ExporterProcess
+from testkit.grafana_dashboard import base_name, load, metric_names, queries, substitute
+from testkit.kubernetes_api import NODE, FakeApi, pod
+from testkit.workloads import Workload
 from tests.e2e.prometheus_server import PrometheusServer, scrape_config
-from tests.support.exporter import ExporterProcess
-from tests.support.grafana_dashboard import base_name, load, metric_names, queries, substitute
-from tests.support.kubernetes_api import NODE, FakeApi, pod
-from tests.support.workloads import Workload
 
 pytestmark = pytest.mark.kernel
 

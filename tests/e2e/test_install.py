@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from testkit.exporter import ROOT
+from testkit.workloads import Workload
 from tests.e2e.test_cli_record import parse_folded
-from tests.support.exporter import ROOT
-from tests.support.workloads import Workload
 
 pytestmark = pytest.mark.kernel
 

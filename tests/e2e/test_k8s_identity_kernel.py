@@ -108,7 +108,7 @@ def test_record_selects_a_container_by_id(tmp_path: Path) -> None:
     import sys
     import time
 
-    from tests.support.workloads import Workload
+    from testkit.workloads import Workload
 
     root = _mount_of("cgroup2")
     assert root is not None, "no cgroup2 mount"

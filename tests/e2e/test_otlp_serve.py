@@ -9,12 +9,12 @@ from collections import defaultdict
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.elf_lookup import gnu_build_id
-from tests.support.exporter import ExporterProcess
-from tests.support.otlp_metrics import points
-from tests.support.otlp_profiles import check_request, decode
-from tests.support.otlp_receivers import GrpcReceiver, HttpReceiver, Received
-from tests.support.workloads import Workload, build
+from testkit.elf_lookup import gnu_build_id
+from testkit.exporter import ExporterProcess
+from testkit.otlp_metrics import points
+from testkit.otlp_profiles import check_request, decode
+from testkit.otlp_receivers import GrpcReceiver, HttpReceiver, Received
+from testkit.workloads import Workload, build
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(240)]
 

@@ -25,10 +25,10 @@ from offcpu_exporter.sinks import SinkContext
 from offcpu_exporter.sinks.pprof import sink as pprof_sink
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.web import Request, Response, Routes
-from tests.support import chromium
-from tests.support.exporter import ExporterProcess
-from tests.support.gopprof import go_pprof, top_cum
-from tests.support.workloads import Workload, build
+from testkit import chromium
+from testkit.exporter import ExporterProcess
+from testkit.gopprof import go_pprof, top_cum
+from testkit.workloads import Workload, build
 
 pytestmark = pytest.mark.kernel
 

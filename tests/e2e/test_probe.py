@@ -17,8 +17,8 @@ import pytest
 
 from offcpu_exporter.probe.loader import Probe, ProbeConfig
 from offcpu_exporter.snapshot import ZERO, Reason
-from tests.support.inprocess import ATTACH, FLUSH_TIMEOUT, observe, running_pipeline, total, with_function
-from tests.support.workloads import Workload
+from testkit.inprocess import ATTACH, FLUSH_TIMEOUT, observe, running_pipeline, total, with_function
+from testkit.workloads import Workload
 
 pytestmark = pytest.mark.kernel
 

@@ -9,9 +9,9 @@ import pytest
 
 from offcpu_exporter.probe.loader import Probe
 from offcpu_exporter.snapshot import Reason
+from testkit.inprocess import observe, total
+from testkit.workloads import Workload
 from tests.e2e.test_probe import COUNT, SLACK, _in_window
-from tests.support.inprocess import observe, total
-from tests.support.workloads import Workload
 
 pytestmark = pytest.mark.kernel
 

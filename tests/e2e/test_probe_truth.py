@@ -22,8 +22,8 @@ from offcpu_exporter.formats import Accumulator
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import Probe, ProbeConfig, ktime_ns
 from offcpu_exporter.snapshot import ZERO, Counter, Reason, Snapshot
-from tests.support.inprocess import ATTACH, FLUSH_TIMEOUT, running_pipeline
-from tests.support.workloads import Workload
+from testkit.inprocess import ATTACH, FLUSH_TIMEOUT, running_pipeline
+from testkit.workloads import Workload
 
 pytestmark = pytest.mark.kernel
 

@@ -15,8 +15,8 @@ from contextlib import ExitStack
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.exporter import ExporterProcess
-from tests.support.workloads import Workload
+from testkit.exporter import ExporterProcess
+from testkit.workloads import Workload
 
 pytestmark = pytest.mark.kernel
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from testkit.exporter import ExporterProcess
+from testkit.workloads import Workload, build
 from tests.e2e.prometheus_server import SCRAPE_INTERVAL_S, PrometheusServer, scrape_config
-from tests.support.exporter import ExporterProcess
-from tests.support.workloads import Workload, build
 
 pytestmark = pytest.mark.kernel
 

@@ -14,9 +14,9 @@ import pytest
 
 from offcpu_exporter.formats.delimited import read_messages
 from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
-from tests.support.exporter import ROOT, ExporterProcess
-from tests.support.skywalking_oap import FakeOap, Task, oap_process_id
-from tests.support.workloads import Workload, WorkloadResult
+from testkit.exporter import ROOT, ExporterProcess
+from testkit.skywalking_oap import FakeOap, Task, oap_process_id
+from testkit.workloads import Workload, WorkloadResult
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
 

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from offcpu_exporter.symbols.elf import ElfFormatError, read_elf
 from offcpu_exporter.symbols.rootfs import resolve_in_root
 from offcpu_exporter.targets import ProcessTable, TargetRules
+from testkit.exporter import ROOT, ExporterProcess
+from testkit.workloads import Workload, build
 from tests.reliability.metrics import label_sets, total
-from tests.support.exporter import ROOT, ExporterProcess
-from tests.support.workloads import Workload, build
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from testkit.exporter import ExporterProcess
+from testkit.workloads import Workload, build
 from tests.reliability.metrics import label_sets, rss_kib, samples, total
-from tests.support.exporter import ExporterProcess
-from tests.support.workloads import Workload, build
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
 from offcpu_exporter.sinks.prometheus.top_series import Selection
-from tests.support.snapshots import Builder, process, stack
+from testkit.snapshots import Builder, process, stack
 
 SECRET = "hunter2-s3cr3t"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from offcpu_exporter.privileges import CAP_NAMES, current_capabilities, kept_after_attach
+from testkit.exporter import ROOT, ExporterProcess
+from testkit.workloads import Workload
 from tests.e2e.test_chart_capabilities_kernel import NOBODY, other_users_binary  # noqa: F401 (a fixture)
 from tests.reliability.metrics import total
-from tests.support.exporter import ROOT, ExporterProcess
-from tests.support.workloads import Workload
 
 
 def _status(pid: int, tid: int | None = None) -> dict[str, str]:

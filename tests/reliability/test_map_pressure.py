@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from testkit.exporter import ExporterProcess
+from testkit.workloads import build
 from tests.reliability.metrics import label_sets, samples, total
-from tests.support.exporter import ExporterProcess
-from tests.support.workloads import build
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
 

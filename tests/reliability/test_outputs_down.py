@@ -13,10 +13,10 @@ import time
 
 import pytest
 
+from testkit.exporter import ExporterProcess, free_port
+from testkit.workloads import Workload
 from tests.reliability.blackhole import Blackhole
 from tests.reliability.metrics import rss_kib, total
-from tests.support.exporter import ExporterProcess, free_port
-from tests.support.workloads import Workload
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -9,10 +9,10 @@ from collections.abc import Callable
 import pytest
 
 from offcpu_exporter.snapshot import ZERO, Snapshot
+from testkit.exporter import ExporterProcess
+from testkit.inprocess import running_pipeline, total, with_function
+from testkit.workloads import Workload
 from tests.reliability.metrics import total as metric_total
-from tests.support.exporter import ExporterProcess
-from tests.support.inprocess import running_pipeline, total, with_function
-from tests.support.workloads import Workload
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
 

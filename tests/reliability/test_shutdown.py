@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from offcpu_exporter.formats.delimited import read_messages
+from testkit.exporter import ExporterProcess, free_port
+from testkit.otlp_metrics import points
+from testkit.otlp_profiles import decode
+from testkit.otlp_receivers import GrpcReceiver
+from testkit.workloads import Workload
 from tests.e2e.prometheus_server import PrometheusServer, scrape_config
 from tests.e2e.test_skywalking_e2e import sleep_totals
 from tests.reliability.metrics import total
-from tests.support.exporter import ExporterProcess, free_port
-from tests.support.otlp_metrics import points
-from tests.support.otlp_profiles import decode
-from tests.support.otlp_receivers import GrpcReceiver
-from tests.support.workloads import Workload
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
 

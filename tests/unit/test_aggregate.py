@@ -20,7 +20,7 @@ from offcpu_exporter.probe.loader import CounterValue, StartEntry, ktime_ns
 from offcpu_exporter.snapshot import ZERO, Counter, Frame, FrameKind, Reason
 from offcpu_exporter.symbols import UNKNOWN
 from offcpu_exporter.targets import ProcessTable, TargetRules
-from tests.support.kernel_maps import MemoryMaps, exact, key
+from testkit.kernel_maps import MemoryMaps, exact, key
 
 
 class Names:

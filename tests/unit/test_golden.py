@@ -8,7 +8,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.support import golden
+from testkit import golden
 from tests.unit.formats import test_otlp_profiles as otlp
 from tests.unit.formats import test_skywalking as skywalking
 

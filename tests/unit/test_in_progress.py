@@ -11,7 +11,7 @@ import pytest
 from offcpu_exporter.in_progress import InProgress
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import StartEntry
-from tests.support.kernel_maps import MemoryMaps
+from testkit.kernel_maps import MemoryMaps
 
 TID = 7
 STACK = 0x1234_5678

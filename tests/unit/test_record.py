@@ -8,7 +8,7 @@ import pytest
 
 from offcpu_exporter import cli
 from offcpu_exporter.record import Progress, RecordSink
-from tests.support.snapshots import make_after, make_before, workload_snapshot
+from testkit.snapshots import make_after, make_before, workload_snapshot
 
 
 class Terminal(io.StringIO):

@@ -11,9 +11,9 @@ from offcpu_exporter.pipeline import Pipeline
 from offcpu_exporter.probe import layout
 from offcpu_exporter.snapshot import Reason
 from offcpu_exporter.targets import TargetRules
+from testkit.kernel_maps import MemoryMaps, exact
+from testkit.kernel_maps import key as stack_key
 from tests.e2e.symbols.programs import Program, compile_c
-from tests.support.kernel_maps import MemoryMaps, exact
-from tests.support.kernel_maps import key as stack_key
 
 
 def _user_names(pipeline: Pipeline) -> list[str]:

@@ -14,9 +14,9 @@ from elftools.elf.elffile import ELFFile
 
 from offcpu_exporter.snapshot import FrameKind
 from offcpu_exporter.symbols import Symbolizer
+from testkit.elf_lookup import gnu_build_id, symbol_table
+from testkit.elf_lookup import symbol as elf_symbol
 from tests.e2e.symbols.programs import Program, compile_c, need
-from tests.support.elf_lookup import gnu_build_id, symbol_table
-from tests.support.elf_lookup import symbol as elf_symbol
 
 RunProgram = Callable[..., Program]
 

@@ -1,4 +1,4 @@
-"""The unwinder on the real kernel, behind the probe's hook (tests/e2e/unwind/harness.py): user
+"""The unwinder on the real kernel, behind the probe's hook (testkit/unwind_harness.py): user
 stacks of code built without frame pointers equal gdb's backtraces of the same blocked threads and
 reach the threads' roots; frame pointers still carry code without tables, JIT code included.
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from offcpu_exporter.symbols import Symbolizer
-from tests.e2e.unwind.harness import Capture, Harness
-from tests.support.workloads import build
+from testkit.unwind_harness import Capture, Harness
+from testkit.workloads import build
 
 pytestmark = pytest.mark.kernel
 HERE = Path(__file__).parent

@@ -12,9 +12,9 @@ import pytest
 from offcpu_exporter.aggregate import reaches_root
 from offcpu_exporter.formats import Profile, ProfileFilter
 from offcpu_exporter.snapshot import Frame
+from testkit.inprocess import FLUSH_TIMEOUT, running_pipeline
+from testkit.workloads import build
 from tests.e2e.unwind.test_unwind_kernel import OMIT_FP, TARGET, gdb_backtraces, start
-from tests.support.inprocess import FLUSH_TIMEOUT, running_pipeline
-from tests.support.workloads import build
 
 pytestmark = pytest.mark.kernel
 

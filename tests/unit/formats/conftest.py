@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from offcpu_exporter.snapshot import Snapshot
-from tests.support.snapshots import make_after, make_before
+from testkit.snapshots import make_after, make_before
 
 
 @pytest.fixture

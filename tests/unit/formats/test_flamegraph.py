@@ -9,8 +9,8 @@ from typing import Any
 from offcpu_exporter.formats import Profile, render
 from offcpu_exporter.formats import flamegraph as flamegraph_format
 from offcpu_exporter.snapshot import Counter, Frame, FrameKind, Reason, Snapshot, Stack
-from tests.support import chromium
-from tests.support.snapshots import OTHER, workload_snapshot
+from testkit import chromium
+from testkit.snapshots import OTHER, workload_snapshot
 
 ARTIFACTS = Path(__file__).resolve().parents[3] / "artifacts"
 

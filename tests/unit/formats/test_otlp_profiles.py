@@ -18,9 +18,9 @@ from offcpu_exporter.formats.otlp_profiles import (
     jit_runtime,
 )
 from offcpu_exporter.snapshot import Counter, Reason
-from tests.support import golden
-from tests.support.otlp_profiles import check_request, decode
-from tests.support.snapshots import (
+from testkit import golden
+from testkit.otlp_profiles import check_request, decode
+from testkit.snapshots import (
     APP,
     DB,
     STACK_LOCK,

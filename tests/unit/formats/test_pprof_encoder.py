@@ -10,8 +10,8 @@ from offcpu_exporter.formats import Profile, render
 from offcpu_exporter.formats import pprof as pprof_format
 from offcpu_exporter.formats.proto import profile_pb2 as pb
 from offcpu_exporter.snapshot import Snapshot
-from tests.support.gopprof import go_pprof, top_cum
-from tests.support.snapshots import BUILD_ID, EXE, T0, WORKLOAD_SLEEP
+from testkit.gopprof import go_pprof, top_cum
+from testkit.snapshots import BUILD_ID, EXE, T0, WORKLOAD_SLEEP
 
 
 def decode(data: bytes) -> pb.Profile:

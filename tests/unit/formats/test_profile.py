@@ -7,7 +7,7 @@ import pytest
 
 from offcpu_exporter.formats import Profile, ProfileFilter
 from offcpu_exporter.snapshot import Counter, Reason, Snapshot
-from tests.support.snapshots import OTHER, WORKLOAD, WORKLOAD_LOCK, WORKLOAD_SLEEP, workload_snapshot
+from testkit.snapshots import OTHER, WORKLOAD, WORKLOAD_LOCK, WORKLOAD_SLEEP, workload_snapshot
 
 
 def values(profile: Profile) -> dict[tuple[int, int], Counter]:

@@ -19,8 +19,8 @@ from offcpu_exporter.formats.skywalking import (
     with_task,
 )
 from offcpu_exporter.snapshot import Counter, Reason, Stack
-from tests.support import golden
-from tests.support.snapshots import (
+from testkit import golden
+from testkit.snapshots import (
     EMPTY,
     KERNEL_ONLY,
     LOST_USER,

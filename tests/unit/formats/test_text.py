@@ -3,7 +3,7 @@ from __future__ import annotations
 from offcpu_exporter.formats import Profile, render
 from offcpu_exporter.formats import text as text_format
 from offcpu_exporter.snapshot import Snapshot
-from tests.support.snapshots import WORKLOAD_PIPE, WORKLOAD_SLEEP
+from testkit.snapshots import WORKLOAD_PIPE, WORKLOAD_SLEEP
 
 
 def test_bcc_layout(before: Snapshot, after: Snapshot) -> None:

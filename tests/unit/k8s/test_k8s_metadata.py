@@ -14,7 +14,7 @@ import pytest
 from offcpu_exporter.k8s.cgroup import ContainerIdentity, parse_cgroup
 from offcpu_exporter.k8s.metadata import PodMetadata, WorkloadNames, build_index
 from offcpu_exporter.k8s.selection import WorkloadSelector
-from tests.support.kubernetes_api import NODE, FakeApi, authorized, pod
+from testkit.kubernetes_api import NODE, FakeApi, authorized, pod
 
 CID_WEB = "40c03570b6f4c30bc8d69923d37ee698f5cfcced92c7b7df1c47f6f7887378a9"
 CID_SIDECAR = "f33f47b0db740bb647cb3e7ac62d96c74966dbb99cbfaf4563bfd42d387e8b44"

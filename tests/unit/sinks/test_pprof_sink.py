@@ -20,7 +20,7 @@ from offcpu_exporter.sinks.pprof import sink as pprof_sink
 from offcpu_exporter.sinks.pprof.options import PprofOptions
 from offcpu_exporter.snapshot import Counter, Snapshot
 from offcpu_exporter.web import Request, Response, Routes
-from tests.support.snapshots import WORKLOAD, make_after, make_before, workload_snapshot
+from testkit.snapshots import WORKLOAD, make_after, make_before, workload_snapshot
 
 
 class Source:

@@ -22,7 +22,7 @@ from offcpu_exporter.sinks.prometheus.exposition import ExpositionCache
 from offcpu_exporter.sinks.prometheus.top_series import Selection
 from offcpu_exporter.snapshot import HISTOGRAM_BUCKETS_US, Frame, FrameKind, Health, Reason, Snapshot, Stack
 from offcpu_exporter.web import Request, Routes
-from tests.support.snapshots import LIBC, SEC, Builder, kernel, many_stacks, process, stack
+from testkit.snapshots import LIBC, SEC, Builder, kernel, many_stacks, process, stack
 
 
 def render(

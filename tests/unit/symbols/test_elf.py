@@ -9,7 +9,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from offcpu_exporter.symbols.elf import ElfFormatError, RawSymbols, SymbolTable, read_elf
-from tests.support.elf_lookup import notes, section, symbol
+from testkit.elf_lookup import notes, section, symbol
 
 ASM = r"""
     .text

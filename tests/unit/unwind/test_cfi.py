@@ -14,7 +14,7 @@ import pytest
 from offcpu_exporter.unwind import layout
 from offcpu_exporter.unwind.objects import object_info, object_table
 from offcpu_exporter.unwind.table import UnwindTable
-from tests.support.workloads import build
+from testkit.workloads import build
 
 TARGET = Path(__file__).resolve().parents[2] / "e2e" / "unwind" / "unwind_target.c"
 _FDE = re.compile(r"FDE cie=(\w+) pc=([0-9a-f]+)\.\.([0-9a-f]+)")

@@ -23,7 +23,7 @@ from offcpu_exporter.web.compression import accepts_gzip
 from offcpu_exporter.web.config_file import WebConfigError, load_web_config
 from offcpu_exporter.web.options import WebOptions
 from offcpu_exporter.web.server import WebServer
-from tests.support.tls import openssl, self_signed
+from testkit.tls import openssl, self_signed
 
 METRICS = b"".join(b'offcpu_seconds_total{pid="%d"} %d\n' % (i, i) for i in range(2000))
 

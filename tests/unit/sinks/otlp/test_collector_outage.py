@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from tests.support.otlp_metrics import points
-from tests.support.otlp_profiles import check_request, decode
-from tests.support.otlp_receivers import GrpcReceiver
-from tests.support.otlp_sink import sink_from_args
-from tests.support.snapshots import two_process_snapshot
+from testkit.otlp_metrics import points
+from testkit.otlp_profiles import check_request, decode
+from testkit.otlp_receivers import GrpcReceiver
+from testkit.otlp_sink import sink_from_args
+from testkit.snapshots import two_process_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

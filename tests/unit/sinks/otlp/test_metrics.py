@@ -12,10 +12,10 @@ from offcpu_exporter.sinks.otlp.metrics import OffcpuMetrics
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
 from offcpu_exporter.sinks.prometheus.top_series import Selection
 from offcpu_exporter.snapshot import Counter, Frame, FrameKind, ProcessInfo, ProcessKey, Reason, Snapshot, Stack
-from tests.support.otlp_metrics import points, resource_of
-from tests.support.otlp_receivers import GrpcReceiver, HttpReceiver
-from tests.support.otlp_sink import sink_from_args
-from tests.support.snapshots import APP, DB, snapshot_of, two_process_snapshot
+from testkit.otlp_metrics import points, resource_of
+from testkit.otlp_receivers import GrpcReceiver, HttpReceiver
+from testkit.otlp_sink import sink_from_args
+from testkit.snapshots import APP, DB, snapshot_of, two_process_snapshot
 
 pytestmark = pytest.mark.timeout(60)
 

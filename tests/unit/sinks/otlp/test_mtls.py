@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.otlp_receivers import GrpcReceiver, HttpReceiver
-from tests.support.otlp_sink import config_from_args, context_of
-from tests.support.snapshots import two_process_snapshot
-from tests.support.tls import Pki, make_pki
+from testkit.otlp_receivers import GrpcReceiver, HttpReceiver
+from testkit.otlp_sink import config_from_args, context_of
+from testkit.snapshots import two_process_snapshot
+from testkit.tls import Pki, make_pki
 
 pytestmark = pytest.mark.timeout(90)
 

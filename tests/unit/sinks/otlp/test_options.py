@@ -6,7 +6,7 @@ import pytest
 
 from offcpu_exporter.sinks.otlp.endpoints import SignalEndpoint
 from offcpu_exporter.sinks.otlp.options import add_arguments
-from tests.support.otlp_sink import config_from_args
+from testkit.otlp_sink import config_from_args
 
 
 def test_off_without_an_endpoint() -> None:
@@ -152,7 +152,7 @@ def test_bad_environment_value_is_an_error_only_when_the_sink_is_on() -> None:
 
 def test_create_reports_contradictions_as_startup_errors() -> None:
     from offcpu_exporter.sinks.otlp.sink import create
-    from tests.support.otlp_sink import context_of
+    from testkit.otlp_sink import context_of
 
     parser = argparse.ArgumentParser()
     add_arguments(parser, {})

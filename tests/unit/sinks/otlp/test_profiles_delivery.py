@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from tests.support.otlp_profiles import check_request, decode
-from tests.support.otlp_receivers import Failure, GrpcReceiver, HttpReceiver, TcpRelay, free_port
-from tests.support.otlp_sink import sink_from_args
-from tests.support.snapshots import two_process_snapshot
+from testkit.otlp_profiles import check_request, decode
+from testkit.otlp_receivers import Failure, GrpcReceiver, HttpReceiver, TcpRelay, free_port
+from testkit.otlp_sink import sink_from_args
+from testkit.snapshots import two_process_snapshot
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -172,7 +172,7 @@ def test_publish_never_blocks() -> None:
 
 def test_idle_snapshots_send_nothing(receiver: GrpcReceiver | HttpReceiver) -> None:
     from offcpu_exporter.snapshot import Counter, Reason
-    from tests.support.snapshots import APP, STACK_SLEEP, snapshot_of
+    from testkit.snapshots import APP, STACK_SLEEP, snapshot_of
 
     sink = sink_from_args(_args(receiver))
     sink.publish(snapshot_of([(APP, 0, "", Reason.SLEEPING, STACK_SLEEP, Counter(3, 30), Counter())]))

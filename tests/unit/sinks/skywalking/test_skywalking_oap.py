@@ -1,4 +1,4 @@
-"""The OAP transports against a real gRPC server on loopback (tests/support/skywalking_oap.py)."""
+"""The OAP transports against a real gRPC server on loopback (testkit/skywalking_oap.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from offcpu_exporter.sinks.skywalking.agent import Agent, AgentOptions
 from offcpu_exporter.sinks.skywalking.client import OapClient, OapConnection
 from offcpu_exporter.sinks.skywalking.delivery import RetryPolicy
 from offcpu_exporter.sinks.skywalking.sink import SkyWalkingSink, create
-from tests.support.skywalking_oap import FakeOap, Task, oap_process_id
-from tests.support.snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
+from testkit.skywalking_oap import FakeOap, Task, oap_process_id
+from testkit.snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
 from tests.unit.sinks.skywalking.options import context, parse
 
 pytestmark = pytest.mark.timeout(60)

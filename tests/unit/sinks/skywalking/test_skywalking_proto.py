@@ -10,7 +10,7 @@ from google.protobuf.message import Message
 from offcpu_exporter.formats.proto.skywalking import generate
 from offcpu_exporter.formats.proto.skywalking.common import Common_pb2
 from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Process_pb2, Process_pb2_grpc, Profile_pb2
-from tests.support.gencode import stale_descriptors
+from testkit.gencode import stale_descriptors
 
 T = FieldDescriptor
 # (message, field, number, type, repeated, message type or enum or oneof) from the protocol facts.

@@ -15,7 +15,7 @@ from offcpu_exporter.pipeline import Pipeline
 from offcpu_exporter.probe.loader import Probe, ProbeConfig
 from offcpu_exporter.snapshot import Counter, Snapshot, StackSample
 from offcpu_exporter.targets import TargetRules
-from tests.support.workloads import Workload, WorkloadResult
+from testkit.workloads import Workload, WorkloadResult
 
 ATTACH = os.environ.get("OFFCPU_ATTACH", "auto")
 # A test's first flush loads kallsyms and the workload's symbols in pure Python: well under a

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "dashboards" / "offcpu-exporter.json"
 
 # The names fixed for every output and dashboard (offcpu_exporter_* are the exporter's own metrics).

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SOURCE = Path(__file__).resolve().parent.parent / "workloads" / "offcpu_workload.c"
+SOURCE = Path(__file__).resolve().parent.parent / "tests" / "workloads" / "offcpu_workload.c"
 _BUILD_DIR = Path(os.environ.get("OFFCPU_TEST_BUILD", Path(tempfile.gettempdir()) / "offcpu-test-build"))
 
 

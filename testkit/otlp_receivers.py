@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.profiles.v1development import (
     profiles_service_pb2_grpc,
 )
 
-from tests.support.tls import Pki
+from testkit.tls import Pki
 
 __all__ = ["Failure", "GrpcReceiver", "HttpReceiver", "Received", "TcpRelay", "free_port"]
 

@@ -1,4 +1,4 @@
-"""Loads tests/e2e/unwind/harness.bpf.c (offcpu_exporter/bpf/unwind.h behind the probe's hooks) and
+"""Loads testkit/unwind_harness.bpf.c (offcpu_exporter/bpf/unwind.h behind the probe's hooks) and
 hands back the captured user stacks: by the unwinder and by bpf_get_stack (frame pointers), with
 the time each took and how long the thread then stayed off CPU.
 
@@ -22,7 +22,7 @@ from offcpu_exporter.probe.btf import struct_member_offsets
 from offcpu_exporter.probe.facts import finish_task_switch_symbols
 from offcpu_exporter.unwind import TableCache, UnwindConfig, Unwinder, UnwindMaps, bpf_text, layout
 
-SOURCE = Path(__file__).resolve().parent / "harness.bpf.c"
+SOURCE = Path(__file__).resolve().parent / "unwind_harness.bpf.c"
 MAX_FRAMES = 127
 
 
