@@ -7,7 +7,7 @@ when it says; give up at the item's deadline rather than sleep past it; never re
 Shutdown cuts a backoff short: `wait` returns early and the item is given up.
 
 What is queued, for how long and what a give-up means differ by output and stay with each: OTLP
-requests carry only their interval's increases and expire (sinks/otlp/delivery.py); SkyWalking
+requests carry only their interval's increases and expire (sinks/otlp/profiles_delivery.py); SkyWalking
 batches are kept for the next flush (sinks/skywalking/delivery.py).
 """
 

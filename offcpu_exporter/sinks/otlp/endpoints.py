@@ -13,7 +13,18 @@ from urllib.parse import urlsplit
 import grpc
 from opentelemetry.util.re import parse_env_headers
 
-from .options import COMPRESSIONS, HTTP_PATHS, PROTOCOLS, SignalSettings
+from offcpu_exporter.sinks.prometheus.top_series import DEFAULT_LIMITS
+
+from .options import (
+    COMPRESSIONS,
+    HTTP_PATHS,
+    MAX_DELAY,
+    METRICS_INTERVAL,
+    PROTOCOLS,
+    QUEUE_SIZE,
+    TIMEOUT,
+    SignalSettings,
+)
 
 __all__ = ["OtlpConfig", "SignalEndpoint", "resolve"]
 
@@ -26,7 +37,7 @@ class SignalEndpoint:
     insecure: bool
     protocol: str = "grpc"
     headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
-    timeout: float = 10.0  # seconds, per attempt
+    timeout: float = TIMEOUT  # seconds, per attempt
     compression: str = "gzip"
     certificate: str | None = None  # CA bundle that verifies the collector
     client_certificate: str | None = None  # mTLS: this exporter's certificate chain and key
@@ -60,14 +71,14 @@ def _read(path: str | None) -> bytes | None:
 class OtlpConfig:
     profiles: SignalEndpoint | None
     metrics: SignalEndpoint | None
-    metrics_interval: float = 15.0
+    metrics_interval: float = METRICS_INTERVAL
     service_name: str = "{exe}"
-    top_stacks: int = 10
-    max_processes: int = 200
+    top_stacks: int = DEFAULT_LIMITS.top_stacks
+    max_processes: int = DEFAULT_LIMITS.max_processes
     stack_attribute: bool = False
     switches_profile: bool = True
-    queue_size: int = 12
-    max_delay: float = 60.0
+    queue_size: int = QUEUE_SIZE
+    max_delay: float = MAX_DELAY
 
     @property
     def signals(self) -> tuple[SignalEndpoint, ...]:
@@ -163,7 +174,7 @@ def _signal_endpoint(signal: str, options: argparse.Namespace, env: Mapping[str,
         insecure=effective_insecure,
         protocol=protocol,
         headers=headers,
-        timeout=settings.get(options.otlp_timeout, "TIMEOUT", _milliseconds, 10.0),
+        timeout=settings.get(options.otlp_timeout, "TIMEOUT", _milliseconds, TIMEOUT),
         compression=settings.get(options.otlp_compression, "COMPRESSION", _choice(COMPRESSIONS), "gzip"),
         certificate=files["CERTIFICATE"],
         client_certificate=files["CLIENT_CERTIFICATE"],
@@ -182,7 +193,7 @@ def resolve(options: argparse.Namespace, environ: Mapping[str, str] | None = Non
     interval = options.otlp_interval
     if interval is None:
         raw = env.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
-        interval = _milliseconds("OTEL_METRIC_EXPORT_INTERVAL", raw) if raw and metrics else 15.0
+        interval = _milliseconds("OTEL_METRIC_EXPORT_INTERVAL", raw) if raw and metrics else METRICS_INTERVAL
     return OtlpConfig(
         profiles=profiles,
         metrics=metrics,

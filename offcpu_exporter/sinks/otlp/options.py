@@ -18,8 +18,14 @@ import string
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from offcpu_exporter.config import positive_int, seconds
+from offcpu_exporter.config import format_duration, positive_int, seconds
 from offcpu_exporter.sinks.prometheus.top_series import DEFAULT_LIMITS
+
+# Defaults stated once: the flags' help, the OTLP config (endpoints.py) and the profiles delivery read them.
+TIMEOUT = 10.0  # seconds per export attempt (OTEL_EXPORTER_OTLP_TIMEOUT's default)
+METRICS_INTERVAL = 15.0  # seconds between metric exports
+QUEUE_SIZE = 12  # profile requests kept while the collector is unreachable
+MAX_DELAY = 60.0  # seconds a profile request may wait for delivery after its flush
 
 __all__ = [
     "COMPRESSIONS",
@@ -88,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
               action=argparse.BooleanOptionalAction)
     transport("HEADERS", "request headers / gRPC metadata, e.g. X-Scope-OrgID=tenant1 (values URL-encoded)",
               metavar="K=V,...")
-    transport("TIMEOUT", "timeout of one export attempt (default: 10s; milliseconds in the variables)",
+    transport("TIMEOUT",
+              f"timeout of one export attempt (default: {format_duration(TIMEOUT)}; milliseconds in the variables)",
               metavar="DURATION", type=seconds)
     transport("COMPRESSION", "(default: gzip)", choices=COMPRESSIONS)
     transport("CERTIFICATE", "CA bundle to verify the collector's TLS certificate (default: the system's)",
@@ -102,8 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         metavar="DURATION",
         type=seconds,
         default=None,
-        help="metrics export interval (default: 15s); profiles are pushed after every flush "
-        "[OTEL_METRIC_EXPORT_INTERVAL, in ms]",
+        help=f"metrics export interval (default: {format_duration(METRICS_INTERVAL)}); profiles are pushed after "
+        "every flush [OTEL_METRIC_EXPORT_INTERVAL, in ms]",
     )
     group.add_argument(
         "--otlp.profiles",
@@ -166,7 +173,7 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         dest="otlp_queue_size",
         metavar="N",
         type=positive_int,
-        default=12,
+        default=QUEUE_SIZE,
         help="profile requests kept while the collector is unreachable; older ones are dropped (default: %(default)s)",
     )
     group.add_argument(
@@ -174,8 +181,9 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         dest="otlp_max_delay",
         metavar="DURATION",
         type=seconds,
-        default=60.0,
-        help="a profile request not delivered within this time after its flush is dropped (default: 1m)",
+        default=MAX_DELAY,
+        help="a profile request not delivered within this time after its flush is dropped "
+        f"(default: {format_duration(MAX_DELAY)})",
     )
 
 

@@ -3,7 +3,7 @@
 The Python SDK has no profiles exporter, so the generated stub is called here with the rules the
 SDK's exporters and the OTLP specification use: gzip, metadata headers, a timeout per attempt, and a
 classification of every failure as retryable (with the server's delay hint when it sends one) or
-not. Retrying itself is `delivery.ProfilesDelivery`'s job.
+not. Retrying itself is `profiles_delivery.ProfilesDelivery`'s job.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from offcpu_exporter.sinks import SinkContext, SinkStats
 from offcpu_exporter.snapshot import Snapshot
 
 from . import metrics as otlp_metrics
-from .delivery import ProfilesDelivery
 from .endpoints import OtlpConfig, SignalEndpoint, resolve
+from .profiles_delivery import ProfilesDelivery
 from .profiles_transport import GrpcProfilesClient, HttpProfilesClient, ProfilesClient
 
 __all__ = ["OtlpSink", "create"]

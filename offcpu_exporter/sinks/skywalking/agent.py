@@ -22,6 +22,7 @@ from offcpu_exporter.formats.skywalking import TaskMetadata
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks.skywalking.client import OapClient
 from offcpu_exporter.sinks.skywalking.delivery import describe_error
+from offcpu_exporter.sinks.skywalking.options import POLL_INTERVAL
 from offcpu_exporter.snapshot import ProcessInfo, ProcessKey, Snapshot
 
 __all__ = ["Agent", "AgentOptions", "ProfilingTask", "parse_tasks", "snapshot_in_window"]
@@ -40,7 +41,7 @@ class AgentOptions:
     process_name: str = "{comm}-{pid}"
     labels: tuple[str, ...] = ()
     report_cmdline: bool = False
-    poll_interval: float = 10.0
+    poll_interval: float = POLL_INTERVAL
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from offcpu_exporter.formats.skywalking import TaskMetadata
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks import SinkStats
 from offcpu_exporter.sinks.retry import Attempt, Backoff, Verdict, send_with_retries
+from offcpu_exporter.sinks.skywalking.options import RPC_TIMEOUT
 
 __all__ = ["Batch", "Delivery", "RetryPolicy", "Transport", "describe_error"]
 
@@ -54,7 +55,7 @@ class RetryPolicy:
     attempts: int = 4  # per flush, per stream
     backoff: Backoff = _BACKOFF
     deadline: float = 15.0  # seconds of trying per flush, all streams together
-    rpc_timeout: float = 10.0
+    rpc_timeout: float = RPC_TIMEOUT
 
 
 class Delivery:

@@ -9,9 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from offcpu_exporter import logfmt
-from offcpu_exporter.config import positive_int, seconds
+from offcpu_exporter.config import format_duration, positive_int, seconds
 
-__all__ = ["add_arguments", "add_subcommands", "enabled"]
+__all__ = ["POLL_INTERVAL", "RPC_TIMEOUT", "add_arguments", "add_subcommands", "enabled"]
+
+# Defaults stated once: the flags, the agent (agent.py) and the retry policy (delivery.py) read them.
+POLL_INTERVAL = 10.0  # seconds between queryTasks/keepAlive calls
+RPC_TIMEOUT = 10.0  # seconds per gRPC call
 
 
 def _endpoint(value: str) -> str:
@@ -85,8 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skywalking.task-poll-interval",
         metavar="DURATION",
         type=seconds,
-        default=10.0,
-        help="queryTasks and keepAlive period (default: 10s)",
+        default=POLL_INTERVAL,
+        help=f"queryTasks and keepAlive period (default: {format_duration(POLL_INTERVAL)})",
     )
     add(
         "--skywalking.buffer",
@@ -95,7 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10_000,
         help="messages kept for re-sending while a destination fails (default: %(default)s)",
     )
-    add("--skywalking.timeout", metavar="DURATION", type=seconds, default=10.0, help="per-RPC deadline (default: 10s)")
+    add("--skywalking.timeout", metavar="DURATION", type=seconds, default=RPC_TIMEOUT,
+        help=f"per-RPC deadline (default: {format_duration(RPC_TIMEOUT)})")
 
 
 def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:

@@ -33,6 +33,7 @@ from offcpu_exporter.sinks import SinkStats
 from offcpu_exporter.sinks.retry import Attempt, Backoff, Verdict, send_with_retries
 from offcpu_exporter.snapshot import Snapshot
 
+from .options import MAX_DELAY, QUEUE_SIZE, TIMEOUT
 from .profiles_transport import ExportResult, ProfilesClient
 
 __all__ = ["ProfilesDelivery"]
@@ -59,9 +60,9 @@ class ProfilesDelivery:
         encode: Encoder,
         stats: SinkStats,
         *,
-        queue_size: int = 12,
-        max_delay: float = 60.0,
-        timeout: float = 10.0,
+        queue_size: int = QUEUE_SIZE,
+        max_delay: float = MAX_DELAY,
+        timeout: float = TIMEOUT,
         backoff: Backoff | None = None,
         name: str = "otlp-profiles",
     ) -> None:
