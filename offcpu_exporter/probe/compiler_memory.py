@@ -17,7 +17,7 @@ import logging
 import re
 
 from offcpu_exporter.heap import trim
-from offcpu_exporter.symbols.maps import parse_maps
+from offcpu_exporter.symbols.proc_maps import parse_maps
 
 __all__ = ["release_compiler_memory"]
 

@@ -9,7 +9,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from offcpu_exporter.symbols.maps import Mapping
+from offcpu_exporter.symbols.proc_maps import Mapping
 from offcpu_exporter.symbols.rootfs import resolve_in_root
 
 __all__ = ["FileKey", "MappedFile", "open_mapped_file"]

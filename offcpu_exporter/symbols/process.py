@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from offcpu_exporter.procstat import start_ticks
 from offcpu_exporter.snapshot import Frame
 from offcpu_exporter.symbols.mapped import MappedFile
-from offcpu_exporter.symbols.maps import ProcessMaps, parse_maps
 from offcpu_exporter.symbols.perfmap import PerfMap
+from offcpu_exporter.symbols.proc_maps import ProcessMaps, parse_maps
 from offcpu_exporter.symbols.rootfs import resolve_in_root
 
 __all__ = ["ProcessState"]

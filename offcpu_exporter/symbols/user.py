@@ -12,7 +12,7 @@ from offcpu_exporter.snapshot import Frame, FrameKind
 from offcpu_exporter.symbols.filecache import SymbolFileCache
 from offcpu_exporter.symbols.frames import JIT_MODULE, UNKNOWN, VDSO, placeholder
 from offcpu_exporter.symbols.mapped import FileKey, MappedFile, open_mapped_file
-from offcpu_exporter.symbols.maps import Mapping
+from offcpu_exporter.symbols.proc_maps import Mapping
 from offcpu_exporter.symbols.process import ProcessState
 from offcpu_exporter.symbols.symbolfile import SymbolFile, load_mapped_file, load_vdso_image
 

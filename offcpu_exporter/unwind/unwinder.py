@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from offcpu_exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS
 from offcpu_exporter.symbols.elf import ElfInfo
 from offcpu_exporter.symbols.mapped import FileKey, open_mapped_file
-from offcpu_exporter.symbols.maps import Mapping, parse_maps
+from offcpu_exporter.symbols.proc_maps import Mapping, parse_maps
 from offcpu_exporter.unwind import layout
 from offcpu_exporter.unwind.allocator import RangeAllocator
 from offcpu_exporter.unwind.bpf_maps import UnwindMaps

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from offcpu_exporter.symbols.maps import ProcessMaps, parse_maps
 from offcpu_exporter.symbols.perfmap import PerfMap
+from offcpu_exporter.symbols.proc_maps import ProcessMaps, parse_maps
 from offcpu_exporter.symbols.rootfs import resolve_in_root
 
 MAPS = """\
