@@ -1,6 +1,6 @@
 """Background delivery of message batches with a bounded buffer and retries.
 
-`submit` (called from `Sink.publish` on the pipeline thread) only appends to the buffer and wakes
+`publish` (called from `Sink.publish` on the pipeline thread) only appends to the buffer and wakes
 the worker. On each wake (one per flush) the worker sends everything pending, one stream per task,
 retrying with jittered exponential backoff within a deadline (the rule all push outputs share:
 `offcpu_exporter.sinks.retry`); a batch that still fails stays in the
@@ -88,7 +88,7 @@ class Delivery:
 
     # -- pipeline side -------------------------------------------------------------------------
 
-    def submit(self, batches: Sequence[Batch]) -> None:
+    def publish(self, batches: Sequence[Batch]) -> None:
         """Queues the batches and wakes the worker; never waits for I/O."""
         with self._lock:
             for batch in batches:

@@ -125,7 +125,7 @@ class SkyWalkingSink:
         if self._file is not None and by_process is not None:
             # One batch per process, named by the task/process ids given or by the pid, so that
             # the file says whose stacks follow.
-            self._file.submit(
+            self._file.publish(
                 [
                     Batch(
                         TaskMetadata(
@@ -144,7 +144,7 @@ class SkyWalkingSink:
             assert by_process is not None
             task = TaskMetadata(o.skywalking_task_id, o.skywalking_process_id, self._start_ms(snapshot))
             messages = tuple(m for batch in by_process.values() for m in batch)
-            self._oap.submit([Batch(task, messages)])
+            self._oap.publish([Batch(task, messages)])
             return
         self._agent.observe(snapshot)
         assignments = self._agent.assignments(snapshot)
@@ -155,7 +155,7 @@ class SkyWalkingSink:
         for key, task in assignments:
             if key in encoded:
                 batches.append(Batch(task, tuple(encoded[key])))
-        self._oap.submit(batches)
+        self._oap.publish(batches)
 
     def close(self, timeout: float) -> None:
         end = time.monotonic() + timeout
