@@ -14,7 +14,7 @@ usage: tests/kernels/matrix.sh [--legs LIST] [--kernel VERSION] [--timeout SECON
 
   --legs LIST        comma-separated subset of host,kprobe,tracepoint (default: all three)
   --kernel VERSION   guest kernel (default: resolved from linux-image-amd64, see run.sh)
-  --timeout SECONDS  per guest leg (default 600)
+  --timeout SECONDS  per guest leg (default 900: a leg takes 6-9 min under emulation, longer when the host is busy)
   --parallel         run the legs at the same time (each leg's output is printed when it ends);
                      faster, but the legs compete for the CPUs, which timing checks feel
   COMMAND            what each leg runs, in the project checkout with OFFCPU_ATTACH set
@@ -31,7 +31,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 project=$(cd "$here/../.." && pwd)
 legs=host,kprobe,tracepoint
 kernel=""
-timeout_s=600
+timeout_s=900
 parallel=0
 
 while [ $# -gt 0 ]; do
