@@ -18,8 +18,9 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
-__all__ = ["Attempt", "Backoff", "Outcome", "Verdict", "send_with_retries"]
+__all__ = ["Answer", "Attempt", "Backoff", "Outcome", "Verdict", "send_with_retries"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +39,26 @@ class Backoff:
         return min(self.cap, self.base * (2**attempt)) * random.uniform(1 - self.jitter, 1 + self.jitter)
 
 
+class Answer(Protocol):
+    """How one try went: delivered, or refused (retryable or not, with the server's delay hint).
+    A transport's own result type serves as long as it says these four things."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def retryable(self) -> bool: ...
+    @property
+    def retry_after(self) -> float | None: ...
+    @property
+    def message(self) -> str: ...
+
+
+A = TypeVar("A", bound=Answer)
+
+
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """How one try went: delivered, or refused (retryable or not, with the server's delay hint)."""
+    """An `Answer` for transports that only raise or return (SkyWalking's)."""
 
     ok: bool
     retryable: bool = False
@@ -55,30 +73,30 @@ class Verdict(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(Generic[A]):
     verdict: Verdict
-    last: Attempt | None  # the last try's answer (None: none was made)
+    last: A | None  # the last try's answer (None: none was made)
     why: str = ""  # for GAVE_UP: what ended the retries
 
 
 def send_with_retries(
-    send: Callable[[float], Attempt],
+    send: Callable[[float], A],
     *,
     deadline: float,
     timeout: float,
     backoff: Backoff,
     wait: Callable[[float], bool],
     attempts: int | None = None,
-    on_retry: Callable[[Attempt, int], None] = lambda answer, n: None,
-    on_failure: Callable[[Attempt, int], None] = lambda answer, n: None,
-) -> Outcome:
+    on_retry: Callable[[A, int], None] = lambda answer, n: None,
+    on_failure: Callable[[A, int], None] = lambda answer, n: None,
+) -> Outcome[A]:
     """Calls ``send(rpc_timeout)`` until it succeeds, is refused, or must give up.
 
     `deadline` is on the monotonic clock; each try gets at most `timeout` seconds and never more than
     what is left. `wait(seconds)` sleeps and returns False when shutdown cut it short. `attempts`
     bounds the tries (None: only the deadline does). `on_failure(answer, n)` runs after the n-th
     try failed retryably; `on_retry(answer, n)` after the backoff, before the n-th retry is sent."""
-    last: Attempt | None = None
+    last: A | None = None
     n = 0
     while True:
         left = deadline - time.monotonic()

@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
 
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks import SinkStats
-from offcpu_exporter.sinks.retry import Attempt, Backoff, Verdict, send_with_retries
+from offcpu_exporter.sinks.retry import Backoff, Verdict, send_with_retries
 from offcpu_exporter.snapshot import Snapshot
 
 from .options import MAX_DELAY, QUEUE_SIZE, TIMEOUT
@@ -156,15 +156,8 @@ class ProfilesDelivery:
         if self._stop.is_set():
             self._log.log(logging.WARNING, "OTLP profiles: request dropped at shutdown")
             return "dropped"
-        partial: list[ExportResult] = []
 
-        def send(timeout: float) -> Attempt:
-            result = self._client.export(request, timeout)
-            if result.ok:
-                partial.append(result)
-            return Attempt(result.ok, result.retryable, result.retry_after, result.message)
-
-        def retrying(answer: Attempt, n: int) -> None:
+        def retrying(answer: ExportResult, n: int) -> None:
             self._log.log(
                 logging.WARNING,
                 "OTLP profiles: export to %s failed, retrying: %s",
@@ -174,16 +167,16 @@ class ProfilesDelivery:
             self._stats.add("retried")
 
         outcome = send_with_retries(
-            send,
+            lambda timeout: self._client.export(request, timeout),
             deadline=deadline,
             timeout=self._timeout,
             backoff=self._backoff,
             wait=lambda seconds: not self._stop.wait(seconds),
             on_retry=retrying,
         )
-        if outcome.verdict is Verdict.SENT:
+        result = outcome.last
+        if outcome.verdict is Verdict.SENT and result is not None:
             self._stats.add("sent")
-            result = partial[0]
             if result.rejected_profiles or result.partial_message:
                 self._stats.add("rejected_profiles", result.rejected_profiles)
                 self._log.log(
@@ -194,7 +187,7 @@ class ProfilesDelivery:
                     result.partial_message,
                 )
             return "sent"
-        message = outcome.last.message if outcome.last is not None else ""
+        message = result.message if result is not None else ""
         if outcome.verdict is Verdict.REFUSED:
             self._log.log(
                 logging.ERROR,
@@ -205,7 +198,7 @@ class ProfilesDelivery:
             return "failed"
         if outcome.why == "shutdown":
             self._log.log(logging.WARNING, "OTLP profiles: request dropped at shutdown")
-        elif outcome.last is None:
+        elif result is None:
             self._log.log(
                 logging.WARNING,
                 "OTLP profiles: request dropped, not delivered to %s within %.0f s",
