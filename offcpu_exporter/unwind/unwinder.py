@@ -67,6 +67,7 @@ class _Process:
     mappings: list[Mapping]
     keys: set[FileKey]
     described: list[MappingUnwind]
+    complete: bool = True  # False: an object's table was missing, look again even if the maps are the same
 
 
 class Unwinder:
@@ -107,9 +108,23 @@ class Unwinder:
             return None
         with self._lock:
             known = self._processes.get(pid)
-            if known is not None and known.mappings == mappings:
+            if known is not None and known.mappings == mappings and known.complete:
                 return known.described
-            return self._update(pid, mappings, known)
+            missing = [m for m in mappings if m.is_file]
+        # Tables missing from the cache take seconds to build (tens for the largest objects): built
+        # without the lock, which the flush takes to read the statistics, and which a flush held up
+        # for that long would publish figures older than the moment it publishes them at.
+        loaded: dict[FileKey, _Object] = {}
+        for m in missing:
+            mapped = open_mapped_file(self._proc_root, pid, m)
+            if mapped is None or mapped.key in loaded:
+                continue
+            with self._lock:
+                if mapped.key in self._objects:
+                    continue
+            loaded[mapped.key] = self._load(mapped.open_path, m.path, pid)
+        with self._lock:
+            return self._update(pid, mappings, self._processes.get(pid), loaded)
 
     def forget(self, pid: int) -> None:
         with self._lock:
@@ -126,16 +141,19 @@ class Unwinder:
 
     @property
     def processes(self) -> int:
-        """Processes described now (with tables in the maps)."""
-        with self._lock:
-            return len(self._processes)
+        """Processes described now (with tables in the maps). Read without the lock (a dict's
+        length is one atomic read): the flush reads it, and must never wait for a table."""
+        return len(self._processes)
 
     def describe(self, pid: int) -> list[MappingUnwind]:
         with self._lock:
             known = self._processes.get(pid)
             return list(known.described) if known else []
 
-    def _update(self, pid: int, mappings: list[Mapping], known: _Process | None) -> list[MappingUnwind]:
+    def _update(self, pid: int, mappings: list[Mapping], known: _Process | None,
+                loaded: dict[FileKey, _Object]) -> list[MappingUnwind]:
+        """Under the lock. `loaded`: objects read (and their tables built) without it."""
+        complete = True
         entries: list[layout.UnwindMapping] = []
         described: list[MappingUnwind] = []
         keys: set[FileKey] = set()
@@ -148,7 +166,12 @@ class Unwinder:
             if mapped is None:
                 described.append(MappingUnwind(m.path, m.start, m.end, FRAME_POINTER, "file not readable"))
                 continue
-            obj = self._object(mapped.key, mapped.open_path, m.path, pid)
+            obj = self._objects.get(mapped.key) or loaded.get(mapped.key)
+            if obj is None:  # released by another process's exit meanwhile: the next update loads it
+                complete = False
+                described.append(MappingUnwind(m.path, m.start, m.end, FRAME_POINTER, "table not built yet"))
+                continue
+            self._objects[mapped.key] = obj
             keys.add(mapped.key)
             obj.users.add(pid)
             entry, why = self._entry(obj, m)
@@ -174,13 +197,11 @@ class Unwinder:
                 log.warning("process %d: unwind tables not written (%s): frame pointers for it", pid, exc)
         if known is not None:
             self._release(pid, known.keys - keys)
-        self._processes[pid] = _Process(mappings, keys, described)
+        self._processes[pid] = _Process(mappings, keys, described, complete)
         return described
 
-    def _object(self, key: FileKey, open_path: str, binary_path: str, pid: int) -> _Object:
-        obj = self._objects.get(key)
-        if obj is not None:
-            return obj
+    def _load(self, open_path: str, binary_path: str, pid: int) -> _Object:
+        """An object's layout and table, from the cache or built: no lock held, may take seconds."""
         try:
             info = object_layout(open_path)
         except ObjectError as exc:
@@ -198,7 +219,6 @@ class Unwinder:
                     if info.build_id:
                         self._cache.put(info.build_id, table)
             obj = _Object(info, table, why)
-        self._objects[key] = obj
         return obj
 
     def _entry(self, obj: _Object, m: Mapping) -> tuple[layout.UnwindMapping | None, str]:

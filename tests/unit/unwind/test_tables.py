@@ -4,10 +4,13 @@ kernel."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import struct
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from offcpu_exporter.doctor import describe_stacks
@@ -135,3 +138,39 @@ def test_a_table_without_room_in_the_maps_is_not_kept_in_memory(tmp_path: Path) 
     assert unwinder.no_space >= 1
     assert maps.rows, "the smaller objects' tables were placed"
     assert unwinder.table_bytes_held == 0
+
+
+def test_building_a_table_never_holds_up_the_flush() -> None:
+    """A table missing from the cache is built for seconds (a cold cache on a new node): meanwhile the
+    flush reads the unwinder's statistics and the pipeline forgets exited processes. Neither may wait
+    for the build: a flush held up publishes figures older than the moment it publishes them at, and
+    a window read between two such publications holds more off-CPU time than wall time."""
+    building, release = threading.Event(), threading.Event()
+
+    def slow_build(path: str, *args: object) -> UnwindTable:
+        building.set()
+        release.wait(30)
+        return object_table(path, object_info(path), path, "/", ())
+
+    p = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    unwinder = Unwinder(_SmallMaps(1 << 20), build_table=slow_build)  # type: ignore[arg-type]
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        worker = threading.Thread(target=unwinder.update, args=(p.pid,))
+        worker.start()
+        assert building.wait(30)
+        t0 = time.monotonic()
+        assert unwinder.processes == 0
+        unwinder.maps_stats()
+        unwinder.forget(os.getpid())
+        assert unwinder.describe(p.pid) == []
+        waited = time.monotonic() - t0
+        release.set()
+        worker.join(60)
+        assert unwinder.processes == 1
+    finally:
+        release.set()
+        p.kill()
+        p.wait()
+    assert waited < 0.5, f"the statistics waited {waited:.2f} s for a table build"
