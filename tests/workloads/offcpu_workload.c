@@ -21,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -70,25 +71,6 @@ static uint64_t thread_cpu_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
-}
-
-/* Run-queue ns and times switched in, from /proc/self/task/TID/schedstat (fields 2 and 3). Its
- * on-CPU figure (field 1) is updated only at ticks and switches, so a running thread reads a value
- * that lags by up to a slice: on-CPU time is CLOCK_THREAD_CPUTIME_ID (the same sum_exec_runtime,
- * brought up to date), read right next to the window's CLOCK_MONOTONIC edges. */
-static void schedstat(long tid, uint64_t *runq, uint64_t *slices)
-{
-	char path[64];
-	unsigned long long a = 0, b = 0, c = 0;
-	snprintf(path, sizeof(path), "/proc/self/task/%ld/schedstat", tid);
-	FILE *f = fopen(path, "r");
-	if (f) {
-		if (fscanf(f, "%llu %llu %llu", &a, &b, &c) != 3)
-			a = b = c = 0;
-		fclose(f);
-	}
-	*runq = b;
-	*slices = c;
 }
 
 static long raw_syscall4(long nr, long a, long b, long c, long d)
@@ -222,28 +204,91 @@ __attribute__((noinline)) void mutex_worker(struct thread_result *r)
 	}
 }
 
-/* Marks the edges of a thread's measured window with a short sleep under its own name. An off-CPU
- * interval is charged when it ends (switch-in): the first mark's interval ends just before the
- * window opens, the last mark's just after it closes, and every other counted interval of the
- * thread ends inside it. Tests leave out the samples of this function (and the exit path). */
-__attribute__((noinline)) void offcpu_window_mark(void)
+/* System calls issued from the calling function itself (no libc, no vDSO): a preemption at any
+ * point of the edge code below has that function as its leaf user frame, whatever unwinds the stack
+ * (a frame-pointer walk through libc or the vDSO, built without frame pointers, would skip it). */
+static __always_inline long edge_syscall3(long nr, long a, long b, long c)
+{
+	long ret;
+	__asm__ volatile("syscall" : "=a"(ret) : "a"(nr), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+	return ret;
+}
+
+static __always_inline uint64_t edge_clock(clockid_t clock)
+{
+	struct timespec ts = { 0, 0 };
+	edge_syscall3(SYS_clock_gettime, clock, (long)&ts, 0);
+	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+/* Fields 2 and 3 of /proc/self/task/TID/schedstat (run-queue ns, times switched in), without libc.
+ * Its on-CPU figure (field 1) lags by up to a slice for a running thread: on-CPU time is
+ * CLOCK_THREAD_CPUTIME_ID (the same sum_exec_runtime, brought up to date). */
+static __always_inline void edge_schedstat(const char *path, uint64_t *runq, uint64_t *slices)
+{
+	char buf[96];
+	uint64_t field[3] = { 0, 0, 0 };
+	long fd = edge_syscall3(SYS_open, (long)path, O_RDONLY, 0), n = 0;
+	if (fd >= 0) {
+		n = edge_syscall3(SYS_read, fd, (long)buf, sizeof(buf) - 1);
+		edge_syscall3(SYS_close, fd, 0, 0);
+	}
+	for (long i = 0, f = 0; i < n && f < 3; i++) {
+		if (buf[i] >= '0' && buf[i] <= '9')
+			field[f] = field[f] * 10 + (uint64_t)(buf[i] - '0');
+		else if (buf[i] == ' ')
+			f++;
+	}
+	*runq = field[1];
+	*slices = field[2];
+}
+
+/* Marks the edges of a thread's measured window with a short sleep under its own name, and takes
+ * the window's edges (wall clock, CPU time, schedstat) inside this same function, right next to
+ * the sleep. An off-CPU interval is charged when it ends (switch-in): the opening mark's sleep ends
+ * just before the window opens, the closing mark's just after it closes, and every other counted
+ * interval of the thread ends inside it. Tests leave out the samples of this function (and the exit
+ * path): a preemption while the edges are taken is one of them, and it lies outside the window
+ * (before its start, after its end) but for the few instructions between the clock read and the
+ * return, or the call and the clock read. (With the edges taken by the caller, a preemption between
+ * the mark and the clock read was counted in the window though outside it: 4.5 ms over in a CI run.) */
+__attribute__((noinline)) void offcpu_window_mark(struct thread_result *r, int opening)
 {
 	struct timespec ts = { 0, 1000000L }; /* 1 ms, its own syscall: no other named frame below */
+	char path[48] = "/proc/self/task/";
+	int at = 16;
+	char digits[20];
+	int nd = 0;
+	for (long t = r->tid; t > 0 && nd < 20; t /= 10)
+		digits[nd++] = (char)('0' + t % 10);
+	while (nd > 0)
+		path[at++] = digits[--nd];
+	const char *tail = "/schedstat";
+	for (int i = 0; tail[i]; i++)
+		path[at++] = tail[i];
+	path[at] = 0;
+	if (!opening) {
+		r->end_ns = edge_clock(CLOCK_MONOTONIC);
+		r->oncpu_end_ns = edge_clock(CLOCK_THREAD_CPUTIME_ID);
+		edge_schedstat(path, &r->runq_end_ns, &r->slices_end);
+	}
 	long ret;
 	register long r10 __asm__("r10") = 0;
 	__asm__ volatile("syscall" : "=a"(ret)
 			 : "a"(SYS_clock_nanosleep), "D"(CLOCK_MONOTONIC), "S"(0), "d"(&ts), "r"(r10)
 			 : "rcx", "r11", "memory");
+	if (opening) {
+		edge_schedstat(path, &r->runq_start_ns, &r->slices_start);
+		r->oncpu_start_ns = edge_clock(CLOCK_THREAD_CPUTIME_ID);
+		r->start_ns = edge_clock(CLOCK_MONOTONIC);
+	}
 }
 
 static void *thread_main(void *arg)
 {
 	struct thread_result *r = arg;
 	r->tid = syscall(SYS_gettid);
-	offcpu_window_mark();
-	r->oncpu_start_ns = thread_cpu_ns();
-	r->start_ns = now_ns();
-	schedstat(r->tid, &r->runq_start_ns, &r->slices_start);
+	offcpu_window_mark(r, 1);
 	if (!strcmp(mode, "sleep")) {
 		r->function = "offcpu_sleep_ms";
 		sleep_worker(r);
@@ -254,10 +299,7 @@ static void *thread_main(void *arg)
 		r->function = "offcpu_lock_wait";
 		mutex_worker(r);
 	}
-	schedstat(r->tid, &r->runq_end_ns, &r->slices_end);
-	r->end_ns = now_ns();
-	r->oncpu_end_ns = thread_cpu_ns();
-	offcpu_window_mark();
+	offcpu_window_mark(r, 0);
 	return NULL;
 }
 
