@@ -51,6 +51,7 @@ from offcpu_exporter.snapshot import (
 )
 from offcpu_exporter.symbols import UNKNOWN as _UNMAPPED  # the frame of an address in no mapping
 from offcpu_exporter.targets import ProcessTable
+from offcpu_exporter.wall_bound import WallTimeBound
 
 __all__ = ["AggregateConfig", "Aggregator", "Symbolizer", "apportion", "increase", "lost_frame", "reaches_root"]
 
@@ -141,6 +142,10 @@ _UNRESOLVED_WINDOW_SECONDS = 30.0
 _FREED_KEPT_FLUSHES = 3
 # Symbolized stacks neither in the kernel nor used for this many flushes are forgotten.
 _NAMES_KEPT_FLUSHES = 12
+# A snapshot is published at most this long after the moment its figures are counted up to (see
+# flush()), unless that many passes in a row each take longer.
+_MAX_LAG_NS = 250_000_000
+_MAX_PASSES = 4
 
 
 @dataclass
@@ -190,6 +195,7 @@ class Aggregator:
         self.processes = processes
         self.config = config or AggregateConfig()
         self.in_progress = in_progress or InProgress(probe)
+        self.wall_bound = WallTimeBound(probe)
         self._keys: dict[CounterKey, _KeyState] = {}
         self._totals: dict[_RowKey, Counter] = {}
         self._kernel_stacks: dict[int, tuple[Frame, ...]] = {}
@@ -228,14 +234,37 @@ class Aggregator:
         if self._sequence == 0 and self.probe.attached_wall_ns:
             # Counting began when the probe was attached, not when this object was made.
             self.start_time_ns = self._last_time_ns = self.probe.attached_wall_ns
-        now_k, now_wall = ktime_ns(), time.time_ns()
-        at = now_k if until_ns is None else min(until_ns, now_k)
-        if self.probe.cutoff_ns:
-            at = min(at, self.probe.cutoff_ns)  # past the window's end nothing counts
-        if final or until_ns is not None:
-            self.probe.set_cutoff(at)
-        at_wall = now_wall - (now_k - at)
+        window_end = final or until_ns is not None
+        increases, self._carried = self._carried, {}
+        for _ in range(_MAX_PASSES):
+            now_k, now_wall = ktime_ns(), time.time_ns()
+            at = now_k if until_ns is None else min(until_ns, now_k)
+            if self.probe.cutoff_ns:
+                at = min(at, self.probe.cutoff_ns)  # past the window's end nothing counts
+            if window_end:
+                self.probe.set_cutoff(at)
+            at_wall = now_wall - (now_k - at)
+            in_map, blocked = self._count(at, increases)
+            # A pass that names many new stacks (a large binary's symbols read for the first time)
+            # takes seconds: its figures are as of its start. Published that late, they would be
+            # read as the figures of the moment they appear, and a window between such a snapshot
+            # and a timely one would hold more off-CPU time than wall time. So the blocks counted
+            # meanwhile are counted too, by another pass, whose stacks are mostly named already.
+            # (A window's end needs none: the kernel counts nothing after it.)
+            if window_end or ktime_ns() - at <= _MAX_LAG_NS:
+                break
+        self._collect_stacks(in_map, blocked)
+        expired = self._expire_processes(active={k[0] for k in increases})
+        snapshot = self._snapshot(increases, blocked, expired, time.perf_counter() - t0, at_wall, at)
+        if window_end:
+            # The probe may outlive this pipeline (a probe shared by several): it counts again.
+            self.probe.set_cutoff(0)
+        return snapshot
 
+    def _count(self, at: int, increases: dict[_RowKey, Counter]) -> tuple[set[int], dict[int, StartEntry]]:
+        """One pass: what the kernel counted since the last pass and the blocks in progress up to
+        `at`, added to the totals and to `increases`. Returns the stack ids in the map before the
+        reads and the blocks in progress after them."""
         groups: dict[_GroupKey, _Group] = {}
         # The stack map first: a stack in it now was stored before the start entry or counter that
         # references it, so the reads below see that reference (see _collect_stacks()).
@@ -243,21 +272,17 @@ class Aggregator:
         credits, blocked = self.in_progress.credit(at)
         self._add_credits(groups, credits)
         rows = self.probe.read_counts()
+        read_at = ktime_ns()
         changed = self._diff(rows)
         self._refresh_children()
         self._retry_unresolved()
         for key, inc in changed:
             self._add_row(groups, key, inc)
-        increases, self._carried = self._carried, {}
+        self.wall_bound.check(groups, read_at)
         for gkey, group in groups.items():
             self._account(gkey, group, increases)
-        self._collect_stacks(in_map, blocked)
-        expired = self._expire_processes(active={k[0] for k in increases})
-        snapshot = self._snapshot(increases, blocked, expired, time.perf_counter() - t0, at_wall, at)
-        if final or until_ns is not None:
-            # The probe may outlive this pipeline (a probe shared by several): it counts again.
-            self.probe.set_cutoff(0)
-        return snapshot
+        self.wall_bound.passed(at)
+        return in_map, blocked
 
     def _diff(self, rows: list[tuple[CounterKey, CounterValue]]) -> list[tuple[CounterKey, CounterValue]]:
         changed: list[tuple[CounterKey, CounterValue]] = []
@@ -559,6 +584,7 @@ class Aggregator:
             if self.processes.latest(info.pid) is not None:
                 continue  # the pid is held by a newer process now: its state is not ours to drop
             self.forget_program(info.pid)
+            self.wall_bound.forget(info.pid)
             self.probe.take_hist(info.pid)
             self._hist_read.pop(info.pid, None)
             if self.probe.config.follow_children:
@@ -694,6 +720,7 @@ class Aggregator:
                 layout.MAP_STACKS: stats[layout.STAT_STACKS_DROPPED],
             }),
             dropped_ns=stats[layout.STAT_COUNTS_DROPPED_NS],
+            clamped_ns=self.wall_bound.clamped_ns,
             filtered_blocks=stats[layout.STAT_FILTERED],
             filtered_ns=stats[layout.STAT_FILTERED_NS],
             blocks=stats[layout.STAT_BLOCKS],

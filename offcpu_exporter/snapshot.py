@@ -296,6 +296,7 @@ class Health:
     map_capacity: Mapping[str, int] = field(default_factory=dict)  # map -> max entries
     map_dropped: Mapping[str, int] = field(default_factory=dict)  # map -> updates refused (full)
     dropped_ns: int = 0  # off-CPU ns the kernel measured but could not store (counter map full)
+    clamped_ns: int = 0  # off-CPU ns taken off threads that would have had more than wall time (a bug)
     filtered_blocks: int = 0  # blocks outside --min-block/--max-block
     filtered_ns: int = 0
     blocks: int = 0  # blocks the kernel counted

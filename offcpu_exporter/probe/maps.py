@@ -21,6 +21,7 @@ class KernelMaps(Protocol):
     mode: str  # "kprobe" | "tracepoint" once attached
     hooked: tuple[str, ...]
     attached_wall_ns: int  # when counting began (wall clock), 0 before
+    attached_ktime_ns: int  # the same on the probe's clock (CLOCK_MONOTONIC)
     unwinder: Unwinder | None  # DWARF unwind tables, when user stacks use them
 
     @property

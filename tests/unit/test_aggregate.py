@@ -448,3 +448,67 @@ def test_the_first_interval_starts_when_the_probe_was_attached(proc: Path) -> No
     snap = agg.flush()
     assert snap.interval_start_ns == snap.start_time_ns == kernel.attached_wall_ns
     assert agg.initial_snapshot().start_time_ns == kernel.attached_wall_ns
+
+
+def test_no_thread_is_credited_more_than_wall_time(proc: Path) -> None:
+    """Should the kernel's figures and the blocks in progress ever add up to more than a thread's
+    wall time (a counting bug), the excess is clamped, counted and logged instead of published."""
+    kernel = _kernel(per_thread=True)
+    kernel.attached_ktime_ns = ktime_ns() - 1_000_000_000
+    agg = _aggregator(proc, kernel)
+    kernel.counts[key(42, U1, K1, tid=42)] = exact(3, 3_000_000_000)  # 3 s in the 1 s since attach
+    snap = agg.flush()
+    (sample,) = snap.samples
+    assert 1_000_000_000 <= sample.total.ns < 1_100_000_000
+    assert sample.total.count == 3  # switches are not time: left as counted
+    assert snap.health.clamped_ns == pytest.approx(2_000_000_000, abs=100_000_000)
+    # Over two flushes, a thread covers at most the time from the flush before the previous one.
+    kernel.counts[key(42, U1, K1, tid=42)] = exact(4, 5_000_000_000)
+    kernel.counts[key(42, U2, K2, tid=42)] = exact(1, 1_000)
+    snap = agg.flush()
+    assert sum(s.total.ns for s in snap.samples) <= ktime_ns() - kernel.attached_ktime_ns
+    assert snap.health.clamped_ns >= 3_900_000_000
+
+
+def test_the_truth_is_never_clamped(proc: Path) -> None:
+    kernel = _kernel(per_thread=True)
+    kernel.attached_ktime_ns = ktime_ns() - 1_000_000_000
+    kernel.starts[42] = StartEntry(kernel.attached_ktime_ns, 42, 1, U1, K1, 1)
+    agg = _aggregator(proc, kernel)
+    for _ in range(3):
+        time.sleep(0.05)
+        snap = agg.flush()
+    kernel.switch_in(42, ktime_ns())
+    kernel.starts[42] = StartEntry(ktime_ns(), 42, 1, U2, K2, 1)
+    snap = agg.flush()
+    assert snap.health.clamped_ns == 0
+    assert sum(s.total.ns for s in snap.samples) == pytest.approx(ktime_ns() - kernel.attached_ktime_ns,
+                                                                  abs=50_000_000)
+
+
+class SlowNames(Names):
+    """Names a stack for the first time slowly: a large binary's symbols read on first use."""
+
+    def user(self, pid, addresses):  # type: ignore[no-untyped-def]
+        if not getattr(self, "warm", False):
+            time.sleep(0.6)
+            self.warm = True
+        return super().user(pid, addresses)
+
+
+def test_a_snapshot_is_never_published_long_after_what_it_counts(proc: Path) -> None:
+    """A flush that takes long counts again up to the moment it is done: published figures that are
+    older than their publication would be read as the figures of the later moment, and a window
+    between such a snapshot and a timely one would hold more off-CPU time than wall time."""
+    kernel = _kernel(per_thread=True)
+    started = ktime_ns() - 1_000_000_000
+    kernel.starts[42] = StartEntry(started, 42, 1, U1, K1, 1)
+    table = ProcessTable(TargetRules(pids=(42,)), proc_root=str(proc))
+    table.start()
+    agg = Aggregator(kernel, SlowNames(), table)  # type: ignore[arg-type]
+    snap = agg.flush()
+    published = time.time_ns()
+    assert published - snap.time_ns < 300_000_000, "figures older than their publication"
+    (sample,) = snap.samples
+    # The block in progress counts up to the snapshot's own time, not to the start of the flush.
+    assert sample.total.ns == pytest.approx(ktime_ns() - started - (published - snap.time_ns), abs=30_000_000)

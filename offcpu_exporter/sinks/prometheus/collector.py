@@ -142,6 +142,11 @@ class OffCPUCollector:
                 labels=("map",),
             ),
             c("offcpu_exporter_dropped_seconds", "Off-CPU time measured but not stored (counter map full)."),
+            c(
+                "offcpu_exporter_clamped_seconds",
+                "Off-CPU time not credited because a thread would have had more than wall time (a bug: the "
+                "log says which thread).",
+            ),
             c("offcpu_exporter_filtered_blocks", "Blocks left out by --min-block/--max-block."),
             c("offcpu_exporter_filtered_seconds", "Off-CPU time of the blocks left out by --min-block/--max-block."),
             c("offcpu_exporter_blocks", "Blocks (off-CPU periods) the probe counted."),
@@ -326,6 +331,7 @@ class OffCPUCollector:
             for map_name, n in sorted(getattr(h, name).items()):
                 fams[fam].add_metric([map_name], n)
         fams["offcpu_exporter_dropped_seconds"].add_metric([], h.dropped_ns / 1e9)
+        fams["offcpu_exporter_clamped_seconds"].add_metric([], h.clamped_ns / 1e9)
         fams["offcpu_exporter_filtered_blocks"].add_metric([], h.filtered_blocks)
         fams["offcpu_exporter_filtered_seconds"].add_metric([], h.filtered_ns / 1e9)
         fams["offcpu_exporter_blocks"].add_metric([], h.blocks)
