@@ -13,34 +13,67 @@ and exits 3.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 
 from offcpu_exporter.symbols.elf import ElfInfo
 from offcpu_exporter.unwind.objects import ObjectError, object_info, object_table
 from offcpu_exporter.unwind.table import UnwindTable
 
-__all__ = ["build_in_child", "main"]
+__all__ = ["allow_builds", "build_in_child", "cancel_builds", "main"]
 
 _NO_TABLE = 3
 _TIMEOUT = 900.0  # seconds: the largest objects take tens of seconds, under emulation 25 times that
+
+_running: set[subprocess.Popen[bytes]] = set()
+_running_lock = threading.Lock()
+_cancelled = threading.Event()
+
+
+def cancel_builds() -> None:
+    """Stop the builders running now and refuse new ones (the exporter is stopping): a build takes
+    up to tens of seconds, and a SIGTERM must not wait for it."""
+    _cancelled.set()
+    with _running_lock:
+        for child in _running:
+            child.send_signal(signal.SIGKILL)
+
+
+def allow_builds() -> None:
+    """Builders may start again (a describer starts)."""
+    _cancelled.clear()
 
 
 def build_in_child(path: str, info: ElfInfo, binary_path: str, root: str, debug_dirs: Sequence[str]) -> UnwindTable:
     """objects.object_table, computed in a child process (same arguments, same errors)."""
     del info  # the child reads the object's headers itself
+    with _running_lock:
+        if _cancelled.is_set():
+            raise ObjectError("table builder not started: stopping")
+        try:
+            child = subprocess.Popen([sys.executable, "-m", "offcpu_exporter.unwind.build", path, binary_path, root,
+                                      *debug_dirs], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise ObjectError(f"table builder failed: {exc}") from None
+        _running.add(child)
     try:
-        done = subprocess.run([sys.executable, "-m", "offcpu_exporter.unwind.build", path, binary_path, root,
-                               *debug_dirs], capture_output=True, timeout=_TIMEOUT, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ObjectError(f"table builder failed: {exc}") from None
-    if done.returncode == _NO_TABLE:
-        raise ObjectError(done.stderr.decode(errors="replace").strip() or "no table")
-    if done.returncode != 0:
-        last = done.stderr.decode(errors="replace").strip().splitlines()[-1:]
-        raise ObjectError(f"table builder exited with {done.returncode}: {' '.join(last)}")
-    return UnwindTable.from_bytes(done.stdout)
+        out, err = child.communicate(timeout=_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        raise ObjectError(f"table builder took more than {_TIMEOUT:.0f} s") from None
+    finally:
+        with _running_lock:
+            _running.discard(child)
+    if child.returncode == _NO_TABLE:
+        raise ObjectError(err.decode(errors="replace").strip() or "no table")
+    if child.returncode != 0:
+        last = err.decode(errors="replace").strip().splitlines()[-1:]
+        raise ObjectError(f"table builder exited with {child.returncode}: {' '.join(last)}")
+    return UnwindTable.from_bytes(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import time
 from collections import deque
 
 from offcpu_exporter import heap
+from offcpu_exporter.unwind.build import allow_builds, cancel_builds
 from offcpu_exporter.unwind.unwinder import Unwinder
 
 __all__ = ["Describer"]
@@ -72,11 +73,13 @@ class Describer:
         return False
 
     def start(self) -> None:
+        allow_builds()
         self._thread = threading.Thread(target=self._run, name="offcpu-unwind-tables", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        cancel_builds()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)

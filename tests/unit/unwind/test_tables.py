@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 from offcpu_exporter.doctor import describe_stacks
-from offcpu_exporter.unwind import TableCache, Unwinder, layout
+from offcpu_exporter.unwind import TableCache, Unwinder, build, layout
 from offcpu_exporter.unwind.allocator import RangeAllocator
+from offcpu_exporter.unwind.describer import Describer
 from offcpu_exporter.unwind.objects import object_info, object_table
 from offcpu_exporter.unwind.table import UnwindTable, build_table
 from offcpu_exporter.unwind.unwinder import CFI, FRAME_POINTER
@@ -174,3 +175,30 @@ def test_building_a_table_never_holds_up_the_flush() -> None:
         p.kill()
         p.wait()
     assert waited < 0.5, f"the statistics waited {waited:.2f} s for a table build"
+
+
+def test_stopping_does_not_wait_for_a_table_build(tmp_path: Path) -> None:
+    """A SIGTERM stops the exporter while a cold table build runs in its child: the child is ended,
+    not waited for (up to tens of seconds for the largest objects)."""
+    p = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    unwinder = Unwinder(_SmallMaps(1 << 22), build_table=build.build_in_child,  # type: ignore[arg-type]
+                        cache=TableCache(str(tmp_path), memory_bytes=0))
+    describer = Describer(unwinder)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        describer.start()
+        describer.want(p.pid)
+        deadline = time.monotonic() + 30
+        while not build._running and time.monotonic() < deadline:
+            time.sleep(0.005)
+        children = list(build._running)
+        assert children, "no table builder started"
+        t0 = time.monotonic()
+        describer.stop()
+        stopped = time.monotonic() - t0
+    finally:
+        p.kill()
+        p.wait()
+    assert stopped < 2.0, f"stopping waited {stopped:.1f} s for a table build"
+    assert all(child.poll() is not None for child in children)
