@@ -183,6 +183,10 @@ class OffCPUCollector:
                 "offcpu_exporter_last_flush_duration_seconds",
                 "Duration of the flush that made the last snapshot.",
             ),
+            g(
+                "offcpu_exporter_last_flush_timestamp_seconds",
+                "Time (Unix seconds) up to which the current figures count: the counters are as of then.",
+            ),
             c("offcpu_exporter_flushes", "Flushes (snapshots) since start."),
             g("offcpu_exporter_targets", "Processes watched now."),
             c("offcpu_exporter_sink_sent", "Items a sink delivered.", labels=("sink",)),
@@ -235,6 +239,8 @@ class OffCPUCollector:
         self._add_processes(fams, hist, view)
         self._add_blocked(fams, view)
         self._add_health(fams, snapshot.health, view)
+        if snapshot.sequence:
+            fams["offcpu_exporter_last_flush_timestamp_seconds"].add_metric([], snapshot.time_ns / 1e9)
         self._add_sinks(fams, snapshot.health)
         mode = snapshot.health.attach_mode or "none"
         for symbol in snapshot.health.hooked_symbols:
