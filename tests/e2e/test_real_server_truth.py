@@ -44,7 +44,7 @@ def test_postgres_under_pgbench_matches_the_kernel_ten_runs_in_a_row() -> None:
             with (tempfile.TemporaryDirectory() as cache,
                   ExporterProcess(["--comm", "^postgres$", "--flush-interval", "1s", "--unwind-cache-dir", cache])
                   as exporter):
-                truth = KernelTruth(lambda: pids, lambda: exporter.get("/metrics").decode())  # noqa: B023
+                truth = KernelTruth(lambda: pids, lambda: exporter.get("/metrics").decode())
                 first = truth.next_flush()
                 last = truth.next_flush(after_ns=first.time_ns + WINDOW_NS - 500_000_000)
                 windows = truth.window(first, last)
