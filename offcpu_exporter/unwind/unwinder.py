@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from offcpu_exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS
 from offcpu_exporter.symbols.elf import ElfInfo
-from offcpu_exporter.symbols.mapped import FileKey, open_mapped_file
+from offcpu_exporter.symbols.mapped import FileKey, MappedFile, open_mapped_file
 from offcpu_exporter.symbols.proc_maps import Mapping, parse_maps
 from offcpu_exporter.unwind import layout
 from offcpu_exporter.unwind.allocator import RangeAllocator
@@ -110,13 +110,12 @@ class Unwinder:
             known = self._processes.get(pid)
             if known is not None and known.mappings == mappings and known.complete:
                 return known.described
-            missing = [m for m in mappings if m.is_file]
         # Tables missing from the cache take seconds to build (tens for the largest objects): built
         # without the lock, which the flush takes to read the statistics, and which a flush held up
         # for that long would publish figures older than the moment it publishes them at.
+        opened = [open_mapped_file(self._proc_root, pid, m) if m.is_file else None for m in mappings]
         loaded: dict[FileKey, _Object] = {}
-        for m in missing:
-            mapped = open_mapped_file(self._proc_root, pid, m)
+        for m, mapped in zip(mappings, opened, strict=True):
             if mapped is None or mapped.key in loaded:
                 continue
             with self._lock:
@@ -124,7 +123,7 @@ class Unwinder:
                     continue
             loaded[mapped.key] = self._load(mapped.open_path, m.path, pid)
         with self._lock:
-            return self._update(pid, mappings, self._processes.get(pid), loaded)
+            return self._update(pid, mappings, opened, self._processes.get(pid), loaded)
 
     def forget(self, pid: int) -> None:
         with self._lock:
@@ -150,19 +149,19 @@ class Unwinder:
             known = self._processes.get(pid)
             return list(known.described) if known else []
 
-    def _update(self, pid: int, mappings: list[Mapping], known: _Process | None,
+    def _update(self, pid: int, mappings: list[Mapping], opened: list[MappedFile | None], known: _Process | None,
                 loaded: dict[FileKey, _Object]) -> list[MappingUnwind]:
-        """Under the lock. `loaded`: objects read (and their tables built) without it."""
+        """Under the lock. `opened`: each mapping's file (None for the others); `loaded`: objects read
+        (and their tables built) without the lock."""
         complete = True
         entries: list[layout.UnwindMapping] = []
         described: list[MappingUnwind] = []
         keys: set[FileKey] = set()
-        for m in mappings:
+        for m, mapped in zip(mappings, opened, strict=True):
             if not m.is_file:
                 why = "not a file: no table read" if m.path else "JIT or anonymous code (perf map names it)"
                 described.append(MappingUnwind(m.path or "[anonymous]", m.start, m.end, FRAME_POINTER, why))
                 continue
-            mapped = open_mapped_file(self._proc_root, pid, m)
             if mapped is None:
                 described.append(MappingUnwind(m.path, m.start, m.end, FRAME_POINTER, "file not readable"))
                 continue
