@@ -44,7 +44,7 @@ class WallTimeBound:
         self.clamped_threads = 0  # times a thread's figures were clamped
         self._at: tuple[int, int] | None = None  # `at` of the last two passes (older, newer)
         self._last: dict[_Thread, int] = {}  # ns per thread counted by the last pass
-        self._total: dict[_Thread, int] = {}  # ns per thread since the probe was attached
+        self._total: dict[_Thread, int] = {}  # ns per thread since the attach (when not sliding)
         self._log = RateLimitedLog(log, interval=60.0)
 
     def check(self, groups: Mapping[tuple[int, int, int], _Figures], read_at: int) -> None:
@@ -70,8 +70,10 @@ class WallTimeBound:
             if over > 0:
                 self._clamp(thread, figures, over, ns)
                 ns -= over
-            last[thread] = ns
-            self._total[thread] = self._total.get(thread, 0) + ns
+            if sliding:
+                last[thread] = ns
+            else:
+                self._total[thread] = self._total.get(thread, 0) + ns
         self._last = last
 
     def passed(self, at: int) -> None:
