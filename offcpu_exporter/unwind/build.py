@@ -13,7 +13,6 @@ and exits 3.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import threading
@@ -39,7 +38,7 @@ def cancel_builds() -> None:
     _cancelled.set()
     with _running_lock:
         for child in _running:
-            child.send_signal(signal.SIGKILL)
+            child.kill()
 
 
 def allow_builds() -> None:
