@@ -4,11 +4,13 @@ tests/e2e/test_probe.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import errno
+from collections.abc import Iterable, Sequence
 
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import CounterKey, CounterValue, ProbeConfig, StartEntry
 from offcpu_exporter.probe.maps import KernelMaps
+from offcpu_exporter.probe.stack_ids import stack_id
 from offcpu_exporter.unwind import Unwinder
 
 
@@ -58,6 +60,14 @@ class MemoryMaps:
         for sid in ids:
             self.stacks.pop(sid, None)
             self.deleted_stacks.add(sid)
+
+    def store_stack(self, frames: Sequence[int]) -> int:
+        sid = stack_id(frames)
+        if sid >= layout.STACK_RESERVED:
+            if sid not in self.stacks and len(self.stacks) >= self.config.stack_storage:
+                return layout.STACK_ERRNO_BASE + errno.ENOMEM
+            self.stacks[sid] = tuple(frames[: layout.MAX_DEPTH])
+        return sid
 
     def read_starts(self) -> dict[int, StartEntry]:
         return dict(self.starts)

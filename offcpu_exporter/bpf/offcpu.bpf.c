@@ -261,6 +261,7 @@ static __always_inline void switch_out(void *ctx, u32 tid, u32 tgid, u32 reason,
 	s->weight = capture ? sample(tid, now) : 0;
 	s->user_stack = 0;
 	s->kernel_stack = 0;
+	s->flags = 0;
 	if (s->weight) {
 		s->user_stack = capture_user_stack(ctx);
 		s->kernel_stack = capture_kernel_stack(ctx);
@@ -396,7 +397,7 @@ static __always_inline void end_unseen_block(void *task, u32 tid, u64 now, struc
 	struct offcpu_start *s = start.lookup(&tid);
 	if (!s)
 		return;
-	if (s->user_stack == OFFCPU_STACK_SEEDED) {
+	if (s->flags & OFFCPU_START_SEEDED) {
 		start.delete(&tid);
 		mark_off_cpu(tid, 0);
 		return;

@@ -34,7 +34,8 @@
  * OFFCPU_STACK_RESERVED are not hashes: */
 #define OFFCPU_STACK_NOT_CAPTURED 0    /* the block's stacks were not sampled */
 #define OFFCPU_STACK_EMPTY        1    /* no frames (a kernel thread's user half) */
-#define OFFCPU_STACK_SEEDED       2    /* blocked before it was watched: user space seeded it */
+#define OFFCPU_STACK_SEEDED       2    /* blocked before it was watched, and this half of its stack
+                                        * could not be read from /proc (see OFFCPU_START_SEEDED) */
 #define OFFCPU_STACK_ERRNO_BASE   1024 /* + errno of a capture that failed (EFAULT, ENOMEM: full) */
 #define OFFCPU_STACK_RESERVED     4096
 #define OFFCPU_MAX_DEPTH          127  /* PERF_MAX_STACK_DEPTH */
@@ -67,8 +68,12 @@ struct offcpu_start {
 	__u32 tgid;
 	__u32 reason;
 	__u32 weight;          /* 1/probability of the capture; 0 when not captured */
-	__u32 pad;
+	__u32 flags;           /* OFFCPU_START_* */
 };
+
+/* struct offcpu_start.flags */
+#define OFFCPU_START_SEEDED 1 /* stored by user space for a thread already off CPU when it became
+                               * watched (its stacks read from /proc, or OFFCPU_STACK_SEEDED) */
 
 /* Written by user space for a thread that is still off CPU at a flush: the block's time up to
  * `until_ns` is already counted, so its switch-in counts from there. Applies only to the block

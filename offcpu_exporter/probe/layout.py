@@ -48,6 +48,8 @@ STACK_ERRNO_BASE = 1024
 STACK_RESERVED = 4096
 MAX_DEPTH = 127
 
+START_SEEDED = 1  # struct offcpu_start.flags
+
 TARGET_WATCH = 1
 TARGET_EXCLUDE = 2
 
@@ -80,7 +82,7 @@ class OffcpuStart(ctypes.Structure):
         ("tgid", ctypes.c_uint32),
         ("reason", ctypes.c_uint32),
         ("weight", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
     )
 
 

@@ -16,6 +16,7 @@ from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets, struct_member_offsets
 from offcpu_exporter.probe.compiler_memory import release_compiler_memory
 from offcpu_exporter.probe.facts import KernelFacts, finish_task_switch_symbols, probe_kernel
+from offcpu_exporter.probe.stack_ids import stack_id
 from offcpu_exporter.unwind import TableCache, UnwindConfig, Unwinder, UnwindMaps, bpf_text
 from offcpu_exporter.unwind.build import build_in_child
 
@@ -476,6 +477,24 @@ class Probe:
             with contextlib.suppress(KeyError):
                 del table[table.Key(sid)]
 
+    def store_stack(self, frames: Sequence[int]) -> int:
+        """Store a stack read by user space (leaf first) under the id the kernel gives the same
+        frames (store_stack() in the BPF program): an id already there holds these very frames.
+        Returns the id, or STACK_ERRNO_BASE + ENOMEM when the map is full."""
+        sid = stack_id(frames)
+        if sid < layout.STACK_RESERVED:
+            return sid  # STACK_EMPTY
+        table = self._table(layout.MAP_STACKS)
+        key = ctypes.c_uint64(sid)
+        value = layout.OffcpuStack()
+        for i, ip in enumerate(frames[: layout.MAX_DEPTH]):
+            value.ips[i] = ip
+        if self._lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(value), _BPF_NOEXIST) != 0:
+            err = ctypes.get_errno()
+            if err != errno.EEXIST:
+                return layout.STACK_ERRNO_BASE + errno.ENOMEM
+        return sid
+
     # -- threads off CPU now ---------------------------------------------------------------
 
     def read_starts(self) -> dict[int, StartEntry]:
@@ -489,7 +508,7 @@ class Probe:
         table = self._table(layout.MAP_START)
         key = ctypes.c_uint32(tid)
         value = layout.OffcpuStart(entry.ts_ns, entry.user_stack, entry.kernel_stack, entry.tgid, entry.reason,
-                                   entry.weight, 0)
+                                   entry.weight, layout.START_SEEDED)
         if self._lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(value), _BPF_NOEXIST) != 0:
             return False
         self._mark_off_cpu(tid, 1)

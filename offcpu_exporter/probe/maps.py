@@ -6,7 +6,7 @@ stand-in (testkit/kernel_maps.py), which mypy checks against this protocol.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ class KernelMaps(Protocol):
     def stack_ids(self) -> set[int]: ...
 
     def delete_stacks(self, stack_ids: Iterable[int]) -> None: ...
+
+    def store_stack(self, frames: Sequence[int]) -> int: ...
 
     # blocks in progress
     def read_starts(self) -> dict[int, StartEntry]: ...

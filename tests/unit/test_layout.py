@@ -20,7 +20,7 @@ int main(void) {
   F(offcpu_key, kernel_stack)
   S(offcpu_value) F(offcpu_value, count) F(offcpu_value, ns) F(offcpu_value, wcount) F(offcpu_value, wns)
   S(offcpu_start) F(offcpu_start, ts_ns) F(offcpu_start, user_stack) F(offcpu_start, kernel_stack)
-  F(offcpu_start, tgid) F(offcpu_start, reason) F(offcpu_start, weight)
+  F(offcpu_start, tgid) F(offcpu_start, reason) F(offcpu_start, weight) F(offcpu_start, flags)
   S(offcpu_mark) F(offcpu_mark, start_ns) F(offcpu_mark, until_ns)
   S(offcpu_control) F(offcpu_control, cutoff_ns) F(offcpu_control, marks_active)
   S(offcpu_stack) F(offcpu_stack, ips)
@@ -35,6 +35,7 @@ int main(void) {
   printf("const STACK_NOT_CAPTURED %d\\n", OFFCPU_STACK_NOT_CAPTURED);
   printf("const STACK_EMPTY %d\\n", OFFCPU_STACK_EMPTY);
   printf("const STACK_SEEDED %d\\n", OFFCPU_STACK_SEEDED);
+  printf("const START_SEEDED %d\\n", OFFCPU_START_SEEDED);
   printf("const STACK_ERRNO_BASE %d\\n", OFFCPU_STACK_ERRNO_BASE);
   printf("const STACK_RESERVED %d\\n", OFFCPU_STACK_RESERVED);
   printf("const STAT_COUNTS_DROPPED %d\\n", OFFCPU_STAT_COUNTS_DROPPED);
