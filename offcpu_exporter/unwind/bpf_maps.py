@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 from array import array
 from typing import Any
 
@@ -13,6 +14,12 @@ from offcpu_exporter.unwind import layout
 __all__ = ["UnwindMaps"]
 
 _BATCH = 65536  # entries per BPF_MAP_UPDATE_BATCH call
+
+
+def _libbcc() -> Any:
+    import bcc  # only with a loaded program, which bcc made
+
+    return bcc.libbcc.lib
 
 
 class UnwindMaps:
@@ -57,6 +64,47 @@ class UnwindMaps:
         table = self._processes
         with contextlib.suppress(KeyError):
             del table[table.Key(tgid)]
+
+    # -- reading back (the tables of a process as the BPF walk finds them: see unwind/rows.py) --------
+
+    def read_process(self, tgid: int) -> layout.UnwindProcess | None:
+        table = self._processes
+        try:
+            value = table[table.Key(tgid)]
+        except KeyError:
+            return None
+        return layout.UnwindProcess.from_buffer_copy(value)
+
+    def read_page(self, index: int) -> tuple[int, int] | None:
+        """(first row, row count) of page entry `index`."""
+        table = self._pages
+        try:
+            page = table[table.Key(index)]
+        except (KeyError, IndexError):
+            return None
+        return int(page.first), int(page.count)
+
+    def read_rows(self, first: int, count: int) -> bytes:
+        """Rows [first, first + count) as packed struct unwind_row, in one BPF_MAP_LOOKUP_BATCH
+        where the kernel has it (5.6+), else one lookup each."""
+        table = self._rows
+        size = ctypes.sizeof(layout.UnwindRow)
+        keys = (table.Key * count)()
+        values = (table.Leaf * count)()
+        got = ctypes.c_uint32(count)
+        # An array's batch resumes after the key in `in_batch` (generic_map_lookup_batch()).
+        token_in, token_out = ctypes.c_uint32(first - 1), ctypes.c_uint32(0)
+        lib = _libbcc()
+        rc = lib.bpf_lookup_batch(table.map_fd, ctypes.byref(token_in) if first else None, ctypes.byref(token_out),
+                                  ctypes.byref(keys), ctypes.byref(values), ctypes.byref(got))
+        if (rc == 0 or ctypes.get_errno() == errno.ENOENT) and got.value == count and \
+                (count == 0 or getattr(keys[0], "value", keys[0]) == first):
+            return bytes(values)
+        out = bytearray()
+        for index in range(first, first + count):
+            out += bytes(table[table.Key(index)])
+        assert len(out) == count * size
+        return bytes(out)
 
     def stats(self) -> dict[str, int]:
         """Cumulative walk counters, summed over CPUs, by name (layout.STAT_NAMES)."""

@@ -134,6 +134,11 @@ class Unwinder:
                 self._maps.delete_process(pid)
             self._release(pid, known.keys)
 
+    @property
+    def maps(self) -> UnwindMaps | None:
+        """The maps the tables are placed in (read back by unwind/rows.py's MapRows), if any."""
+        return self._maps
+
     def maps_stats(self) -> dict[str, int]:
         """The BPF walk's counters (UnwindMaps.stats), empty without maps."""
         return self._maps.stats() if self._maps is not None else {}
