@@ -194,7 +194,8 @@ class Aggregator:
         self.symbolizer = symbolizer
         self.processes = processes
         self.config = config or AggregateConfig()
-        self.in_progress = in_progress or InProgress(probe)
+        # Seeded blocks' kernel stacks are named back into addresses with kallsyms (stand-ins may not).
+        self.in_progress = in_progress or InProgress(probe, kernel_address=getattr(symbolizer, "kernel_address", None))
         self.wall_bound = WallTimeBound(probe)
         self._keys: dict[CounterKey, _KeyState] = {}
         self._totals: dict[_RowKey, Counter] = {}
@@ -707,6 +708,7 @@ class Aggregator:
             unwind_frames=MappingProxyType(frames),
             unwind_processes=unwinder.processes if unwinder is not None else 0,
             unwind_no_space=unwinder.no_space if unwinder is not None else 0,
+            seeded_stacks=MappingProxyType(dict(self.in_progress.seeded_stacks)),
             attach_mode=self.probe.mode,
             hooked_symbols=self.probe.hooked,
             probe_attached=self.probe.attached,

@@ -18,17 +18,20 @@ Writing a mark races with the block's end. The protocol, with T the flush's time
 Nothing is counted twice and nothing is missed, whatever the interleaving.
 
 Threads that were already off CPU when they became watched are *seeded*: their block is stored
-with the time watching began, so a thread stuck since before the exporter started shows up too.
+with the time watching began, so a thread stuck since before the exporter started shows up too,
+with its stacks as /proc shows them at that moment (blocked_stacks.py) where they can be read.
+The stacks are read between the two looks at the thread's state, so they are the ones of the
+block that is seeded: a thread that ran in between has its seeded block taken back.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from offcpu_exporter.probe import layout
+from offcpu_exporter.blocked_stacks import BlockedStacks, KernelAddress
 from offcpu_exporter.probe.loader import StartEntry, ktime_ns
 from offcpu_exporter.probe.maps import KernelMaps
 from offcpu_exporter.snapshot import Reason
@@ -59,8 +62,12 @@ class Credit:
 class InProgress:
     """The marks protocol's user half: what has been counted of each block in progress."""
 
-    def __init__(self, probe: KernelMaps, *, proc_root: str = "/proc") -> None:
+    def __init__(self, probe: KernelMaps, *, proc_root: str = "/proc", kernel_address: KernelAddress | None = None,
+                 stacks: BlockedStacks | None = None) -> None:
+        """`kernel_address`: kernel function name -> start (Symbolizer.kernel_address), to store
+        seeded blocks' kernel stacks; without it their kernel half is the placeholder."""
         self.probe = probe
+        self.stacks = stacks or BlockedStacks(probe, kernel_address, proc_root=proc_root)
         self.proc_root = proc_root
         self._counted: dict[int, tuple[int, int]] = {}  # tid -> (block start, counted until)
 
@@ -115,20 +122,40 @@ class InProgress:
             if name.isdigit():
                 yield int(name)
 
+    @property
+    def proc_root(self) -> str:
+        return self._proc_root
+
+    @proc_root.setter
+    def proc_root(self, root: str) -> None:
+        self._proc_root = root
+        self.stacks.proc_root = root  # the stacks are read from the same /proc
+
+    @property
+    def seeded_stacks(self) -> Mapping[str, int]:
+        """Seeded blocks by what their stacks are (blocked_stacks.OUTCOMES), cumulative."""
+        return dict(self.stacks.outcomes)
+
     def _seed_thread(self, tgid: int, tid: int) -> int:
         before = self._thread_state(tgid, tid)
         if before is None or before[0] not in _SEED_REASONS:
             return 0  # running or runnable (the probe sees its next switch-out), or gone
-        block = StartEntry(ktime_ns(), tgid, _SEED_REASONS[before[0]].value, layout.STACK_SEEDED,
-                           layout.STACK_SEEDED, 1)
+        if self.probe.read_start(tid) is not None:
+            return 0  # the probe has seen it switch out already: no stacks to read
+        # The stacks go into the stack map first; if the block is not seeded after all, nothing
+        # references them and the next flush frees them (Aggregator._collect_stacks()).
+        user, kernel, outcome = self.stacks.ids(tgid, tid)
+        block = StartEntry(ktime_ns(), tgid, _SEED_REASONS[before[0]].value, user, kernel, 1)
         if not self.probe.seed_start(tid, block):
             return 0  # the probe has seen it switch out already
         after = self._thread_state(tgid, tid)
         if after != before:
             # It ran in between (its run count moved, or its state changed): the seeded block is
-            # not the one it is in, if any. Taken back unless the kernel replaced it already.
+            # not the one it is in, if any, nor are the stacks read. Taken back unless the kernel
+            # replaced it already.
             self.probe.unseed_start(tid, block.ts_ns)
             return 0
+        self.stacks.count(outcome)
         return 1
 
     def _thread_state(self, tgid: int, tid: int) -> tuple[str, int] | None:

@@ -310,6 +310,10 @@ class Health:
     unwind_frames: Mapping[str, int] = field(default_factory=dict)  # frames stepped, by method
     unwind_processes: int = 0  # processes with unwind tables now
     unwind_no_space: int = 0  # tables that did not fit in the maps (frame pointers for them)
+    # Blocks seeded at the start of watching (already off CPU), by their stacks: "captured" (read
+    # from /proc, the user half down to the thread's root), "truncated" (the user half stops
+    # short), "placeholder" ([off CPU since before it was watched]: a half could not be read).
+    seeded_stacks: Mapping[str, int] = field(default_factory=dict)
     symbolization_failures: int = 0
     flush_duration_seconds: float = 0.0  # of the flush that produced this snapshot
     flushes: int = 0

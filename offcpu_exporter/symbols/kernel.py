@@ -53,6 +53,10 @@ class KernelSymbols:
         self._hidden_reported = False
         self._loaded = False
         self._cache: dict[int, Frame] = {}
+        # address_of(): text symbols in the order of their names in _text, made on first use.
+        self._name_starts = array("I")
+        self._name_index = array("I")
+        self._address_cache: dict[tuple[str, str, int], int | None] = {}
 
     @property
     def hidden(self) -> bool:
@@ -80,6 +84,39 @@ class KernelSymbols:
             cache.clear()
         cache[address] = frame
         return frame
+
+    def address_of(self, name: str, module: str = "", size: int = 0) -> int | None:
+        """The start of text symbol ``name`` (of ``module``, "" for the core kernel): the way back
+        from the ``name+offset/size`` lines of /proc/PID/stack. Static functions of one name
+        in several files have several starts: the one whose extent fits ``size`` best wins."""
+        self._ensure_current()
+        key = (name, module, size)
+        cached = self._address_cache.get(key)
+        if cached is not None or key in self._address_cache:
+            return cached
+        if not self._name_starts and self._starts:
+            order = sorted(range(len(self._starts)), key=self._name_at.__getitem__)
+            self._name_index = array("I", order)
+            self._name_starts = array("I", (self._name_at[i] for i in order))
+        wanted = name.encode("utf-8", "surrogateescape")
+        module_index = self._module_names.index(module) if module in self._module_names else -1
+        best: tuple[int, int] | None = None  # (misfit, address)
+        at = self._text.find(wanted)
+        while at >= 0 and module_index >= 0:
+            j = bisect_right(self._name_starts, at) - 1
+            if j >= 0 and self._name_starts[j] == at:
+                i = self._name_index[j]
+                if self._name_end[i] == at + len(wanted) and self._module_of[i] == module_index:
+                    extent = self._starts[i + 1] - self._starts[i] if i + 1 < len(self._starts) else size
+                    misfit = extent - size if extent >= size else 1 << 62
+                    if best is None or misfit < best[0]:
+                        best = (misfit, self._starts[i])
+            at = self._text.find(wanted, at + 1)
+        address = best[1] if best is not None else None
+        if len(self._address_cache) >= _CACHE_LIMIT:
+            self._address_cache.clear()
+        self._address_cache[key] = address
+        return address
 
     def _resolve(self, address: int) -> Frame | None:
         i = bisect_right(self._starts, address) - 1
@@ -121,6 +158,8 @@ class KernelSymbols:
     def _load(self) -> None:
         self._loaded = True
         self._cache.clear()
+        self._address_cache.clear()
+        self._name_starts, self._name_index = array("I"), array("I")
         text_start = text_end = 0
         try:
             with open(self._kallsyms_path, "rb") as f:

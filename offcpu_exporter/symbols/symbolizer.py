@@ -140,6 +140,15 @@ class Symbolizer:
     def cached_files(self) -> int:
         return self._user.cached_files
 
+    def kernel_address(self, name: str, module: str = "", size: int = 0) -> int | None:
+        """Where kernel function ``name`` starts (KernelSymbols.address_of), or None."""
+        with self._lock:
+            try:
+                return self._kernel.address_of(name, module, size)
+            except Exception as exc:
+                self._log_error("kernel symbol", exc)
+                return None
+
     def kernel_symbol_count(self) -> int:
         with self._lock:
             return len(self._kernel)

@@ -155,6 +155,12 @@ class OffCPUCollector:
                 "Blocks ended by a switch-in the kernel did not report (counted up to when the thread was picked).",
             ),
             c("offcpu_exporter_stack_captures", "Blocks whose stacks the probe captured."),
+            c(
+                "offcpu_exporter_seeded_stacks",
+                "Blocks already going on when their thread became watched, by how their stacks were read from "
+                "/proc: captured (complete), truncated (user stack stops short), placeholder (none).",
+                labels=("result",),
+            ),
             g(
                 "offcpu_exporter_stack_sampling_ratio",
                 "Blocks whose stacks were captured / blocks, over the last flush interval (1 without sampling); "
@@ -343,6 +349,8 @@ class OffCPUCollector:
         fams["offcpu_exporter_blocks"].add_metric([], h.blocks)
         fams["offcpu_exporter_missed_switch_ins"].add_metric([], h.missed_switch_ins)
         fams["offcpu_exporter_stack_captures"].add_metric([], h.stack_captures)
+        for result, n in sorted(h.seeded_stacks.items()):
+            fams["offcpu_exporter_seeded_stacks"].add_metric([result], n)
         fams["offcpu_exporter_stack_sampling_ratio"].add_metric([], h.stack_sampled_ratio)
         fams["offcpu_exporter_probe_cpu_seconds"].add_metric([], h.probe_run_ns / 1e9)
         fams["offcpu_exporter_probe_runs"].add_metric([], h.probe_runs)
