@@ -15,8 +15,10 @@ never captured their stacks.
 
 Bounded: 127 frames (the probe's depth), a budget of capture time (a token bucket, so that seeding
 every process of a host with --all stays cheap), tables only where they are in hand: in the unwind
-maps, on disk, or (for processes selected by name or pid, not with --all) built now within a
-budget of waiting. What cannot be had keeps the placeholder (STACK_SEEDED) and is counted.
+maps or in the disk cache. Tables are never waited for: seeding runs on the pipeline's thread, and
+a flush held back while a table is built loses the mappings of a process that exits meanwhile
+(its every stack [unknown]). Without tables the user half is its leaf alone (truncated); what
+cannot be had at all keeps the placeholder (STACK_SEEDED). Both are counted.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -155,18 +156,15 @@ class BlockedStacks:
     by the pipeline's thread only (InProgress.seed)."""
 
     def __init__(self, probe: KernelMaps, kernel_address: KernelAddress | None, *, proc_root: str = "/proc",
-                 capture_budget: Budget | None = None, build_budget: Budget | None = None) -> None:
+                 capture_budget: Budget | None = None) -> None:
         self.probe = probe
         self.kernel_address = kernel_address
         self.proc_root = proc_root
         # Capture work (reads of /proc, the walk): 2 s at once, then 0.2 s per second.
         self.capture_budget = capture_budget or Budget(2.0, 0.2)
-        # Waiting for a selected process's tables to be built: 10 s at once, then 1 s per second.
-        self.build_budget = build_budget or Budget(10.0, 1.0)
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self._warn = RateLimitedLog(log, interval=300.0)
         self._last = 0.0
-        self._waited = 0.0  # of the capture under way: seconds spent waiting for tables
         self._pages: dict[int, tuple[list[int], bytes]] = {}  # MapRows' page cache for this pass
         self._rows: dict[int, RowLookup | None] = {}  # tgid -> its rows, this pass
         self._tables: dict[str, UnwindTable | None] = {}  # build id -> table from the disk cache, this pass
@@ -203,14 +201,12 @@ class BlockedStacks:
         if now - self._last > _PAGE_CACHE_SECONDS:
             self._new_pass()
         t0 = time.perf_counter()
-        self._waited = 0.0
         try:
             if self.capture_budget.left() <= 0:
                 return Capture(None, None, False)
             return self._capture(tgid, tid)
         finally:
-            # Waiting for tables is the build budget's, not the capture's.
-            self.capture_budget.spend(time.perf_counter() - t0 - self._waited)
+            self.capture_budget.spend(time.perf_counter() - t0)
             self._last = time.monotonic()
 
     def _new_pass(self) -> None:
@@ -288,29 +284,14 @@ class BlockedStacks:
         in_maps = MapRows(maps, tgid, self._pages)
         if in_maps.described:
             return in_maps
-        if not self.probe.config.watch_all:
-            # Selected by pid, name or selector: its tables are about to be built anyway (the
-            # pipeline's describer); built now, within the budget, its seeded blocks have them.
-            wait = min(self.build_budget.left(), 10.0)
-            if wait > 0:
-                t0 = time.monotonic()
-                worker = threading.Thread(target=_update_quietly, args=(unwinder.update, tgid),
-                                          name="offcpu-seed-tables", daemon=True)
-                worker.start()
-                worker.join(wait)  # if it takes longer, it finishes in the background
-                self._waited = time.monotonic() - t0
-                self.build_budget.spend(self._waited)
-                in_maps = MapRows(maps, tgid, self._pages)
-                if in_maps.described:
-                    return in_maps
         cached = self._cached_rows(tgid)
         if cached is not None and cached.described:
             return cached
         return None
 
     def _cached_rows(self, tgid: int) -> TableRows | None:
-        """The process's tables from the disk cache only (nothing is built): for --all, where a
-        host's every process is seeded at once."""
+        """The process's tables from the disk cache only (nothing is built: see the module
+        docstring)."""
         directory = self.probe.config.unwind_cache_dir
         if not directory:
             return None
@@ -347,13 +328,6 @@ class BlockedStacks:
                 continue
             placed.append(PlacedTable(m.start, m.end, m.start - vaddr + table.base, table))
         return TableRows(placed[: unwind_layout.MAX_MAPPINGS])
-
-
-def _update_quietly(update: Callable[[int], object], pid: int) -> None:
-    try:
-        update(pid)
-    except Exception:
-        log.exception("building the unwind tables of pid %d failed", pid)
 
 
 def _no_rows(address: int) -> None:

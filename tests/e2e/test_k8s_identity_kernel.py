@@ -147,9 +147,11 @@ def test_record_selects_a_container_by_id(tmp_path: Path) -> None:
         finally:
             _cleanup(root, top, inside.proc)  # type: ignore[arg-type]
     folded = out.read_text()
-    # Told apart by their kernel wait functions (both workloads have the same comm and binary).
-    assert "do_nanosleep" in folded
-    assert "pipe_read" not in folded and "pipe_write" not in folded
+    # Told apart by their functions (both workloads have the same comm and binary). Not by the
+    # kernel's pipe functions: the watched one waits for "go" in a read of its stdin pipe, a block
+    # seeded with the stack /proc shows.
+    assert "do_nanosleep" in folded and "sleep_worker" in folded
+    assert "pipe_worker" not in folded and "offcpu_pipe_read" not in folded and "pipe_write" not in folded
     # Everything off CPU inside the sleeping function: the sleeps, and preemptions on the way back out
     # (the workload's clock around each call counts both).
     sleep_us = sum(int(line.rsplit(" ", 1)[1]) for line in folded.splitlines() if "offcpu_sleep_ms" in line)
