@@ -105,12 +105,14 @@ class InProgress:
 
     # -- seeding ---------------------------------------------------------------------------
 
-    def seed(self, tgid: int) -> int:
+    def seed(self, tgid: int, *, since_ns: int | None = None) -> int:
         """Store the blocks of `tgid`'s threads that are off CPU now (the probe saw them begin
-        before it watched the process, or not at all); returns how many were stored."""
+        before it watched the process, or not at all), counted from `since_ns` (CLOCK_MONOTONIC:
+        when the probe began to see the process's switches; default now); returns how many were
+        stored."""
         seeded = 0
         for tid in self._threads(tgid):
-            seeded += self._seed_thread(tgid, tid)
+            seeded += self._seed_thread(tgid, tid, since_ns)
         return seeded
 
     def _threads(self, tgid: int) -> Iterator[int]:
@@ -136,7 +138,7 @@ class InProgress:
         """Seeded blocks by what their stacks are (blocked_stacks.OUTCOMES), cumulative."""
         return dict(self.stacks.outcomes)
 
-    def _seed_thread(self, tgid: int, tid: int) -> int:
+    def _seed_thread(self, tgid: int, tid: int, since_ns: int | None) -> int:
         before = self._thread_state(tgid, tid)
         if before is None or before[0] not in _SEED_REASONS:
             return 0  # running or runnable (the probe sees its next switch-out), or gone
@@ -145,7 +147,8 @@ class InProgress:
         # The stacks go into the stack map first; if the block is not seeded after all, nothing
         # references them and the next flush frees them (Aggregator._collect_stacks()).
         user, kernel, outcome = self.stacks.ids(tgid, tid)
-        block = StartEntry(ktime_ns(), tgid, _SEED_REASONS[before[0]].value, user, kernel, 1)
+        since = ktime_ns() if since_ns is None else since_ns
+        block = StartEntry(since, tgid, _SEED_REASONS[before[0]].value, user, kernel, 1)
         if not self.probe.seed_start(tid, block):
             return 0  # the probe has seen it switch out already
         after = self._thread_state(tgid, tid)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from offcpu_exporter import heap
 from offcpu_exporter.aggregate import Aggregator
 from offcpu_exporter.probe import layout
+from offcpu_exporter.probe.loader import ktime_ns
 from offcpu_exporter.probe.maps import KernelMaps
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks import Sink
@@ -94,7 +95,7 @@ class Pipeline:
                      ", ".join(f"{p.comm}[{p.pid}]" for p in added[:10]))
         for event in self.processes.take_events():
             self._apply(event)
-        self._sync_kernel_filter()
+        to_seed = self._sync_kernel_filter()
         # After the filter, so that the kernel counts while a big binary's symbols load: read each
         # new target's mappings while it is alive, since it may exit before its first flush.
         for pid in self.processes.watched_pids():
@@ -110,6 +111,12 @@ class Pipeline:
             del self._prepared[pid]  # expired: the aggregator has dropped what named it
             if self.describer is not None:
                 self.describer.forget(pid)
+        # Last: reading blocked threads' stacks (blocked_stacks.py) takes a while, and a short-lived
+        # target's mappings must be read first. A seeded block counts from when its process was
+        # put in the filter: a thread off CPU now that the probe has not seen leave the CPU since
+        # then was off CPU all along.
+        for pid, since_ns in to_seed:
+            self.aggregator.in_progress.seed(pid, since_ns=since_ns)
 
     def _apply(self, event: ProcessEvent) -> None:
         """The one place that acts on what happened to a process (ProcessTable reports it)."""
@@ -126,9 +133,11 @@ class Pipeline:
         if self.describer is not None:
             self.describer.forget(pid)
 
-    def _sync_kernel_filter(self) -> None:
+    def _sync_kernel_filter(self) -> list[tuple[int, int]]:
+        """Returns the processes whose threads off CPU now are to be seeded, with the moment
+        (CLOCK_MONOTONIC) from which the probe sees their every switch-out."""
         kernel = self.probe.kernel_targets()
-        in_progress = self.aggregator.in_progress
+        to_seed: list[tuple[int, int]] = []
         if self.probe.config.watch_all:
             for pid in self._exclude:
                 if kernel.get(pid) != layout.TARGET_EXCLUDE:
@@ -136,14 +145,14 @@ class Pipeline:
             if not self._seeded_all:
                 # Everything is watched from the attach on; threads off CPU since before are seeded.
                 self._seeded_all = True
-                for pid in self.processes.watched_pids():
-                    in_progress.seed(pid)
-            return
+                since = getattr(self.probe, "attached_ktime_ns", 0) or ktime_ns()
+                to_seed = [(pid, since) for pid in self.processes.watched_pids()]
+            return to_seed
         wanted = self.processes.watched_pids()
         for pid in wanted - kernel.keys():
             log.debug("adding target %d to the kernel filter", pid)
             self.probe.set_target(pid, layout.TARGET_WATCH)
-            in_progress.seed(pid)  # after the filter: a switch-out from now on is the probe's own
+            to_seed.append((pid, ktime_ns()))  # after the filter: a switch-out from now on is the probe's own
         children = self.probe.children() if self.probe.config.follow_children else {}
         for pid in kernel.keys() - wanted:
             if pid in children:
@@ -153,6 +162,7 @@ class Pipeline:
                     continue
             log.debug("removing target %d from the kernel filter", pid)
             self.probe.remove_target(pid)
+        return to_seed
 
     def flush(self, *, final: bool = False) -> Snapshot:
         with self._lock:

@@ -144,7 +144,7 @@ class KernelSymbols:
             return
         self._checked_at = now
         modules = self._read_modules_text()
-        if not self._loaded or modules != self._modules_text:
+        if not self._loaded or _modules_layout(modules) != _modules_layout(self._modules_text):
             self._modules_text = modules
             self._load()
 
@@ -240,3 +240,20 @@ def _read_sysctl(path: str) -> str:
             return f.read().strip()
     except OSError:
         return "?"
+
+
+def _modules_layout(text: bytes | None) -> list[tuple[bytes, ...]] | None:
+    """What of /proc/modules places symbols: each module's name, size and load address. Not its
+    reference count or users, which change whenever a module's device or filesystem is opened
+    (fops_get() takes a reference per open): compared whole, every check reloaded kallsyms, a
+    second or more per call on a slow machine, once per frame of a seeded stack."""
+    if text is None:
+        return None
+    out: list[tuple[bytes, ...]] = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 6:
+            out.append((fields[0], fields[1], fields[5]))
+        elif fields:
+            out.append((fields[0],))
+    return out

@@ -116,6 +116,18 @@ def test_threads_off_cpu_when_watching_begins_are_seeded(tmp_path: Path) -> None
         50: (1, layout.STACK_SEEDED), 51: (2, layout.STACK_SEEDED), 53: (1, STACK)}
 
 
+def test_a_seeded_block_counts_from_when_its_process_was_put_in_the_filter(tmp_path: Path) -> None:
+    # Its stacks are read later (after the mappings of every new target): the thread has been off
+    # CPU since before the filter took the process, not since the moment it is seeded.
+    _task(tmp_path, 50, 50, "S", 3)
+    kernel = MemoryMaps(per_thread=True)
+    assert InProgress(kernel, proc_root=str(tmp_path)).seed(50, since_ns=1_234) == 1  # type: ignore[arg-type]
+    assert kernel.starts[50].ts_ns == 1_234
+    _task(tmp_path, 60, 60, "S", 3)
+    assert InProgress(kernel, proc_root=str(tmp_path)).seed(60) == 1  # type: ignore[arg-type]
+    assert kernel.starts[60].ts_ns > 1_234  # by default: now
+
+
 def test_a_thread_that_runs_while_it_is_seeded_is_not_seeded(tmp_path: Path) -> None:
     _task(tmp_path, 50, 50, "S", 3)
 

@@ -92,6 +92,25 @@ def test_reload_when_modules_change(fixture_dir: Path, monkeypatch: pytest.Monke
     assert sym.kernel([0xFFFFFFFFC0100010])[0].name == "newmod_func [newmod]"
 
 
+def test_no_reload_when_only_module_reference_counts_change(
+        fixture_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_module, "_MODULES_CHECK_INTERVAL", 0.0)
+    sym = Symbolizer(kallsyms_path=str(fixture_dir / "kallsyms"))
+    loads = []
+    original = kernel_module.KernelSymbols._load
+
+    def counted(self: kernel_module.KernelSymbols) -> None:
+        loads.append(1)
+        original(self)
+
+    monkeypatch.setattr(kernel_module.KernelSymbols, "_load", counted)
+    assert sym.kernel_address("do_nanosleep", "", 0x400) == 0xFFFFFFFF81001000
+    for users in range(1, 4):  # a module's file opened and closed: only its reference count moves
+        (fixture_dir / "modules").write_text(MODULES.replace(" 0 - Live", f" {users} - Live"))
+        assert sym.kernel_address("do_nanosleep", "", 0x400) == 0xFFFFFFFF81001000
+    assert len(loads) <= 1
+
+
 def test_unreadable_kallsyms(tmp_path: Path) -> None:
     sym = Symbolizer(kallsyms_path=str(tmp_path / "missing"))
     assert sym.kernel([0xFFFFFFFF81001010])[0].name == "[unknown]"
