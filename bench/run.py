@@ -3,9 +3,10 @@
     PYTHONPATH=. .venv/bin/python bench/run.py --out bench/results.json --table bench/RESULTS.md [--quick]
 
 In order: scheduler overhead, where the probe's time goes (stack_cost), flush cost, steady state,
-then the symbolizer benchmark (bench/symbols_bench.py) and the /metrics load benchmark
+steady RSS with Kubernetes metadata on and off (metadata_memory), then the symbolizer benchmark
+(bench/symbols_bench.py) and the /metrics load benchmark
 (bench/scrape_load.py) when they are present. Each is bounded in time; the whole run takes about
-6 minutes on the 2-core test machine (--quick: about 3). Needs root (BPF), gcc, bpftrace and
+9 minutes on the 2-core test machine (--quick: about 5). Needs root (BPF), gcc, bpftrace and
 perf (scripts/setup --test installs them).
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flush_cost
+import metadata_memory
 import sched_overhead
 import stack_cost
 import steady_state
@@ -104,13 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(HERE / "results.json"))
     parser.add_argument("--table", default=str(HERE / "RESULTS.md"))
     parser.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (about 3 minutes)")
-    parser.add_argument("--only", help="comma-separated: sched,stacks,unwind,flush,steady,symbols,scrape")
+    parser.add_argument("--only", help="comma-separated: sched,stacks,unwind,flush,steady,metadata,symbols,scrape")
     parser.add_argument("--peers-tree", type=Path, default=ROOT, metavar="DIR",
                         help="where symbols_bench.py or scrape_load.py are not in this checkout, take them (and "
                              "the code they test) from this one, e.g. a `git worktree` of their branch")
     options = parser.parse_args(argv)
-    only = set(options.only.split(",")) if options.only else {"sched", "stacks", "unwind", "flush", "steady", "symbols",
-                                                                      "scrape"}
+    only = set(options.only.split(",")) if options.only else {"sched", "stacks", "unwind", "flush", "steady",
+                                                                      "metadata", "symbols", "scrape"}
     q = options.quick
     results: list[Result] = []
     started = time.monotonic()
@@ -123,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         ("flush", lambda: flush_cost.measure([100, 1000, 10000], flushes=3 if q else 5, interval=2.0, profile=False,
                                              rate=10_000)),
         ("steady", lambda: steady_state.measure(duration=20 if q else 60, warmup=12, rate=100_000, stacks=1000)),
+        ("metadata", lambda: metadata_memory.measure(pods=110, duration=20 if q else 30, warmup=30 if q else 60)),
         ("symbols", lambda: symbols(q, options.peers_tree)),
         ("scrape", lambda: scrape_load(q, options.peers_tree)),
     ]

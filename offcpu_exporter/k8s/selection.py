@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(default: %(default)s)")
     group.add_argument("--kubernetes.refresh-interval", dest="kubernetes_refresh_interval", type=seconds,
                        default=30.0, metavar="DURATION",
-                       help="how often the pods of this node are listed (default: 30s)")
+                       help="how long one watch of this node's pods lasts before it is renewed (default: 30s)")
     group.add_argument("--kubernetes.service-account-dir", dest="kubernetes_service_account_dir",
                        default=SERVICE_ACCOUNT_DIR, metavar="DIR",
                        help="where the service account's token and ca.crt are (default: %(default)s)")

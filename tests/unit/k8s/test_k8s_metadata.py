@@ -1,8 +1,10 @@
-"""Pod names from the Kubernetes API: the real client against a small fake API server on loopback
-(TLS with a CA file and a bearer token, as in a pod), and the lookup being optional."""
+"""Pod names from the Kubernetes API: the exporter's client against a small fake API server on
+loopback (TLS with a CA file and a bearer token, as in a pod; a list from the watch cache, then a
+watch), and the lookup being optional."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ import pytest
 from offcpu_exporter.k8s.cgroup import ContainerIdentity, parse_cgroup
 from offcpu_exporter.k8s.metadata import PodMetadata, WorkloadNames, build_index
 from offcpu_exporter.k8s.selection import WorkloadSelector
+from testkit.exporter import ROOT
 from testkit.kubernetes_api import NODE, FakeApi, authorized, pod
 
 CID_WEB = "40c03570b6f4c30bc8d69923d37ee698f5cfcced92c7b7df1c47f6f7887378a9"
@@ -41,12 +44,12 @@ def api(tmp_path: Path) -> Iterator[FakeApi]:
     fake.close()
 
 
-def test_lookup_through_the_real_client(api: FakeApi) -> None:
+def test_lookup_through_the_client(api: FakeApi) -> None:
     metadata = PodMetadata.from_environment(api.environ, str(api.service_account))
     assert metadata.enabled
     assert metadata.refresh()
-    # The list asked only for this node's pods, with the service account's token.
-    assert api.requests[-1]["query"]["fieldSelector"] == [f"spec.nodeName={NODE}"]
+    # Only this node's pods, from the API server's cache (resourceVersion=0), with the account's token.
+    assert api.requests[-1]["query"] == {"fieldSelector": [f"spec.nodeName={NODE}"], "resourceVersion": ["0"]}
     assert authorized(api.requests[-1]["authorization"])
 
     web = parse_cgroup("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
@@ -83,30 +86,74 @@ def test_selector_by_namespace_label_and_container(api: FakeApi) -> None:
     assert select(namespaces=["shop"], containers=["web"]) == [True, False, False, False]
 
 
-def test_background_refresh_picks_up_a_new_pod_early(api: FakeApi) -> None:
-    metadata = PodMetadata.from_environment(api.environ, str(api.service_account), refresh_seconds=300)
-    metadata._min_refresh_seconds = 0.2
+def until(condition: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def watches(api: FakeApi) -> list[dict[str, Any]]:
+    return [r for r in api.requests if r["query"].get("watch")]
+
+
+def test_the_watch_follows_new_changed_and_deleted_pods(api: FakeApi) -> None:
+    metadata = PodMetadata.from_environment(api.environ, str(api.service_account), watch_seconds=60)
+    assert metadata.refresh()
     metadata.start()
     try:
-        assert metadata.wait_ready(10)
-        assert metadata.lookup(CID_NEW, UID_NEW) == WorkloadNames("", "", "")
-        api.pods.append(pod(UID_NEW, "batch", "job-1", {CID_NEW: "worker"}))
-        # Not found -> asks for one early list (not waiting the 300 s period).
-        deadline = time.monotonic() + 10
-        names = metadata.lookup(CID_NEW, UID_NEW)
-        while names.pod == "" and time.monotonic() < deadline:
-            time.sleep(0.05)
-            names = metadata.lookup(CID_NEW, UID_NEW)
-        assert names == WorkloadNames("batch", "job-1", "worker")
-        lists = len(api.requests)
-        # An unknown container (plain Docker, not a pod) asks once, not on every lookup.
-        for _ in range(50):
-            metadata.lookup("cd" * 32, "")
-        time.sleep(0.6)
-        assert len(api.requests) <= lists + 1
+        assert until(lambda: watches(api))
+        watch = watches(api)[0]["query"]
+        # From the list's version on, this node only; one list for all that follows.
+        assert watch["resourceVersion"] == ["1"] and watch["fieldSelector"] == [f"spec.nodeName={NODE}"]
+        new = pod(UID_NEW, "batch", "job-1", {})
+        api.change("ADDED", new)
+        assert until(lambda: metadata.lookup("", UID_NEW) == WorkloadNames("batch", "job-1", ""))
+        # Its container started: the status update brings the container's name.
+        api.change("MODIFIED", pod(UID_NEW, "batch", "job-1", {CID_NEW: "worker"}))
+        assert until(lambda: metadata.lookup(CID_NEW, UID_NEW) == WorkloadNames("batch", "job-1", "worker"))
+        api.change("DELETED", new)
+        assert until(lambda: metadata.lookup(CID_NEW, UID_NEW) == WorkloadNames("", "", ""))
+        assert metadata.lookup(CID_WEB, UID_WEB).pod == "web-7d4b9c-x2x"
+        assert [r for r in api.requests if not r["query"].get("watch")] == api.requests[:1]
+        assert metadata.events == 3 and metadata.failures == 0
+        started = time.monotonic()
     finally:
         metadata.close()
-    assert not metadata._thread or not metadata._thread.is_alive()
+    # close() ends the 60 s watch in progress at once.
+    assert time.monotonic() - started < 2.0
+    assert metadata._thread is not None and not metadata._thread.is_alive()
+
+
+def test_a_watch_too_old_for_the_server_lists_again(api: FakeApi) -> None:
+    metadata = PodMetadata(PodMetadata.from_environment(api.environ, str(api.service_account),
+                                                        watch_seconds=1)._source, max_backoff_seconds=0.2)
+    assert metadata.refresh()
+    metadata.start()
+    try:
+        assert until(lambda: watches(api))
+        api.fail = True  # the API server goes away for a while ...
+        assert until(lambda: metadata.failures > 0)
+        api.change("ADDED", pod(UID_NEW, "batch", "job-1", {CID_NEW: "worker"}))
+        api.compact()  # ... and has forgotten what happened meanwhile when it is back: 410 Gone
+        api.fail = False
+        assert until(lambda: metadata.lookup(CID_NEW, UID_NEW) == WorkloadNames("batch", "job-1", "worker"))
+        assert metadata.expired == 1 and metadata.lists == 2
+        relist = [r for r in api.requests if r["query"].get("resourceVersion") == ["0"]]
+        assert len(relist) >= 2
+    finally:
+        metadata.close()
+
+
+def test_a_rotated_token_is_read_again(api: FakeApi) -> None:
+    metadata = PodMetadata.from_environment(api.environ, str(api.service_account))
+    assert metadata.refresh()
+    api.rotate_token("test-token-2")  # the kubelet wrote a new token; the old one is refused
+    assert metadata.refresh()
+    assert [r["authorization"] for r in api.requests[-2:]] == ["Bearer test-token-1", "Bearer test-token-2"]
+    assert metadata.failures == 0
 
 
 def test_api_failure_keeps_the_last_names(api: FakeApi) -> None:
@@ -138,14 +185,12 @@ def test_no_service_account_token(tmp_path: Path) -> None:
     assert metadata.lookup(CID_WEB, UID_WEB) == WorkloadNames("", "", "")
 
 
-def test_client_not_installed(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [m for m in sys.modules if m == "kubernetes" or m.startswith("kubernetes.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "kubernetes", None)  # import kubernetes -> ImportError
-    metadata = PodMetadata.from_environment(api.environ, str(api.service_account))
-    assert not metadata.enabled
-    assert metadata.lookup(CID_WEB, UID_WEB) == WorkloadNames("", "", "")
-    assert api.requests == []
+def test_no_heavy_client_is_imported() -> None:
+    """The official client costs ~23 MB resident, requests with urllib3 ~6 MB: neither is loaded."""
+    code = ("import sys, offcpu_exporter.cli, offcpu_exporter.k8s.metadata; "
+            "print(sorted(m for m in ('kubernetes', 'requests', 'urllib3') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_api_unreachable(api: FakeApi) -> None:

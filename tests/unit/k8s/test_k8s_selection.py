@@ -78,5 +78,5 @@ def test_cli_names_need_the_api_outside_a_cluster(monkeypatch: pytest.MonkeyPatc
         cli._kubernetes(options)
     # A container id works without it.
     options = cli.parse_args(["record", "--container", "0123456789abcdef", "--duration", "1"])
-    enrich, predicate = cli._kubernetes(options)
+    _, enrich, predicate = cli._kubernetes(options)
     assert predicate is not None and callable(enrich)

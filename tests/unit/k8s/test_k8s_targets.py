@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,14 @@ class Pods:
                            "status": {"containerStatuses": [{"name": container,
                                                              "containerID": f"{runtime}://{cid}"}]}})
 
-    def __call__(self) -> dict[str, Any]:
-        return {"items": list(self.items)}
+    def list(self) -> tuple[list[dict[str, Any]], str]:
+        return list(self.items), "1"
+
+    def watch(self, resource_version: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        return iter(())
+
+    def interrupt(self) -> None:
+        pass
 
 
 def test_processes_get_names_and_late_pods_are_filled_in(tmp_path: Path) -> None:
