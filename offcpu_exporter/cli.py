@@ -286,9 +286,11 @@ def core_config(options: argparse.Namespace,
 
 
 def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The probe, the pipeline and the pod metadata, none of them started: no thread runs yet (see
+    privileges.py)."""
     from offcpu_exporter.core import build_core
 
-    enrich, predicate = _kubernetes(options)
+    metadata, enrich, predicate = _kubernetes(options)
     config = core_config(options, predicate)
     core = build_core(config, enrich=enrich)
     rules = config.rules
@@ -296,11 +298,12 @@ def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise StartupError("; ".join(core.problems))
     for problem in core.problems:
         log.error("%s; watching the other targets", problem)
-    return core.probe, core.pipeline
+    return core.probe, core.pipeline, metadata
 
 
 def _kubernetes(options: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """Pod metadata (started in the background) and the --namespace/--pod-label/--container predicate."""
+    """Pod metadata (listed once, its watch not started yet) and the --namespace/--pod-label/--container
+    predicate."""
     from offcpu_exporter.k8s import PodMetadata, WorkloadSelector
     from offcpu_exporter.targets import kubernetes_enricher, kubernetes_predicate
 
@@ -308,15 +311,15 @@ def _kubernetes(options: argparse.Namespace):  # type: ignore[no-untyped-def]
         metadata = PodMetadata.disabled()
     else:
         metadata = PodMetadata.from_environment(service_account_dir=options.kubernetes_service_account_dir,
-                                                refresh_seconds=options.kubernetes_refresh_interval)
+                                                watch_seconds=options.kubernetes_refresh_interval)
     selector = WorkloadSelector.from_options(options, metadata)
     if selector.needs_api and not metadata.enabled:
         raise StartupError("--namespace, --pod-label and --container NAME need the Kubernetes API (a pod with "
                            "a service account; see the log); --container also takes a container id")
-    metadata.start()
-    # The first list, so that the processes found at start get their names (bounded: the API may be down).
-    metadata.wait_ready(5.0)
-    return kubernetes_enricher(metadata), kubernetes_predicate(selector)
+    # The first list, on this thread, so that the processes found at start get their names (bounded:
+    # the API may be down; the watch started later lists again until it succeeds).
+    metadata.refresh()
+    return metadata, kubernetes_enricher(metadata), kubernetes_predicate(selector)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -338,7 +341,7 @@ def cmd_serve(options: argparse.Namespace) -> int:
     from offcpu_exporter.web.server import WebServer
 
     stop = _stop_on_signals()
-    probe, pipeline = build_pipeline(options)
+    probe, pipeline, metadata = build_pipeline(options)
     try:
         probe.start()
     except ProbeError as e:
@@ -351,6 +354,7 @@ def cmd_serve(options: argparse.Namespace) -> int:
             log.error("%s", error)
             probe.close()
             return 1
+    metadata.start()
     routes = Routes()
     context = SinkContext(latest=pipeline.latest, flush_now=pipeline.flush_now, routes=routes,
                           history=pipeline.history)
@@ -376,6 +380,7 @@ def cmd_serve(options: argparse.Namespace) -> int:
     stop.wait()
     pipeline.stop()
     server.stop()
+    metadata.close()
     probe.close()
     return 0
 
@@ -420,12 +425,13 @@ def _record(options: argparse.Namespace, output: BinaryIO) -> int:
     # Every second: the progress line shows fresh counts, and stacks are symbolized while their
     # processes live (a process that exits before its first flush leaves only addresses).
     options.flush_interval = min(1.0, options.duration)
-    probe, pipeline = build_pipeline(options)
+    probe, pipeline, metadata = build_pipeline(options)
     try:
         probe.start()
     except ProbeError as e:
         log.error("%s", e)
         return 1
+    metadata.start()
     # The targets' unwind tables first (a few seconds the first time a binary is seen), so that the
     # whole recording has complete stacks; what was counted meanwhile is flushed away.
     pipeline.sync_targets()
@@ -453,6 +459,7 @@ def _record(options: argparse.Namespace, output: BinaryIO) -> int:
     if ktime_ns() < end_ns:
         pipeline.end_window_at(ktime_ns())  # interrupted: the window ends now
     pipeline.stop()  # flushes once more: the recorder gets everything counted in the window
+    metadata.close()
     probe.close()
     progress.finish()
     write_profile(options.format, recorder.profile(f"record {options.duration:g} s"), output)

@@ -15,9 +15,11 @@ What the running exporter still does, and what each needs (see SECURITY.md):
   (kallsyms_show_value), except with kptr_restrict=0 and perf_event_paranoid<=1;
 - binds a port below 1024 (only if asked to listen there): CAP_NET_BIND_SERVICE.
 
-capset(2) changes only the calling thread, and threads inherit their creator's sets: the drop runs
-on the main thread before any other thread is started (the web server and the outputs start
-after it), so every thread of the exporter runs with the reduced sets.
+capset(2) and PR_CAPBSET_DROP change only the calling thread, and threads inherit their creator's
+sets: the drop runs on the main thread before any other thread is started (the Kubernetes
+metadata watch, the web server, the pipeline and the outputs start after it), so every thread of
+the exporter runs with the reduced sets. `drop_capabilities` refuses to run beside another thread,
+which would keep every capability it started with.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "current_capabilities",
     "drop_capabilities",
     "kept_after_attach",
+    "other_threads",
 ]
 
 log = logging.getLogger(__name__)
@@ -150,9 +153,34 @@ def _check(rc: int, what: str) -> None:
         raise PrivilegeError(f"{what} failed: {os.strerror(err)}")
 
 
+def other_threads(task_dir: str = "/proc/self/task") -> list[str]:
+    """The process's threads other than the calling one, each as `TID (name)`."""
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    me = threading.get_native_id()
+    found = []
+    for entry in sorted(os.listdir(task_dir), key=int):
+        tid = int(entry)
+        if tid == me:
+            continue
+        name = names.get(tid)
+        if name is None:
+            try:
+                with open(f"{task_dir}/{entry}/comm") as f:
+                    name = f.read().strip()
+            except OSError:  # it exited meanwhile
+                continue
+        found.append(f"{tid} ({name})")
+    return found
+
+
 def drop_capabilities(keep: Iterable[int]) -> frozenset[int]:
     """Reduce this thread's effective, permitted and bounding sets to `keep` (those of them it
-    has), clear the inheritable and ambient sets, and set no_new_privs. Returns the effective set."""
+    has), clear the inheritable and ambient sets, and set no_new_privs. Returns the effective set.
+
+    Raises PrivilegeError when another thread runs: it would keep its capabilities."""
+    others = other_threads()
+    if others:
+        raise PrivilegeError("threads started before the drop would keep every capability: " + ", ".join(others))
     libc = _libc()
     have = current_capabilities("CapPrm")
     wanted = frozenset(keep) & have

@@ -142,3 +142,30 @@ def test_drop_privileges_from_a_config_file(tmp_path: Path) -> None:
     path.write_text("drop-privileges: true\n")
     assert parse_args(["serve", "--config.file", str(path)]).drop_privileges is True
     assert parse_args(["serve"]).drop_privileges is False
+
+
+def test_the_drop_refuses_to_run_beside_another_thread() -> None:
+    """A thread started before the drop would keep its capabilities (they are per thread): the
+    drop names it and changes nothing. In a child process: success would drop the test runner's."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import threading
+        from offcpu_exporter.privileges import PrivilegeError, current_capabilities, drop_capabilities
+        before = current_capabilities("CapEff")
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, name="early-bird").start()
+        try:
+            drop_capabilities([])
+        except PrivilegeError as e:
+            print(e)
+        finally:
+            stop.set()
+        print(current_capabilities("CapEff") == before)
+    """
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 2, out
+    assert "early-bird" in lines[0] and "would keep every capability" in lines[0]
+    assert lines[1] == "True"
