@@ -22,8 +22,13 @@ _CONTROL[13] = "\\r"
 _LEVEL_NAMES = {"DEBUG": "debug", "INFO": "info", "WARNING": "warn", "ERROR": "error", "CRITICAL": "error"}
 
 
+def _level(name: str) -> str:
+    # node_exporter's (promslog's) spelling of the level, accepted for the same one.
+    return "warning" if name == "warn" else name
+
+
 def add_arguments(parser: argparse.ArgumentParser, level: str = "info") -> None:
-    parser.add_argument("--log.level", dest="log_level", choices=LEVELS, default=level,
+    parser.add_argument("--log.level", dest="log_level", type=_level, choices=LEVELS, default=level,
                         help=f"only log messages of this level or above (default: {level})")
     parser.add_argument("--log.format", dest="log_format", choices=FORMATS, default="logfmt",
                         help="logfmt (key=value) or json (one JSON object per line) (default: logfmt)")

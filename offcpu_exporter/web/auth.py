@@ -5,6 +5,10 @@ scrape, so a successful check is cached: per (user, hash) the SHA-256 of the pas
 compared in constant time. Failed checks are never cached, and bcrypt runs one at a time (as the
 toolkit's mutex does) so that a password-guessing client costs at most one core. Unknown users are
 checked against a fixed hash so that timing does not reveal which users exist.
+
+bcrypt reads at most 72 bytes of a password. bcrypt 4 cut longer ones silently (so any suffix
+matched); bcrypt 5 raises instead. A longer password is refused here without a bcrypt check: it
+cannot be the one a hash was made from, and it must be a 401, never a 500.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ __all__ = ["BasicAuth", "parse_basic_authorization"]
 
 # bcrypt (cost 10) of a random password nobody knows; used for unknown user names.
 _FAKE_HASH = b"$2b$10$01RVuLf3JyCRcMVwazpleOm8vGu5Qy2V86WDucX.QiJn0CWoGuNEm"
+BCRYPT_MAX_PASSWORD_BYTES = 72
 
 
 def parse_basic_authorization(header: str | None) -> tuple[str, bytes] | None:
@@ -73,6 +78,8 @@ class BasicAuth:
         if credentials is None:
             return False
         user, password = credentials
+        if len(password) > BCRYPT_MAX_PASSWORD_BYTES:
+            return False
         if self._verified_before(user, password):
             return True
         hashed = self._users.get(user)
@@ -82,7 +89,7 @@ class BasicAuth:
         with self._bcrypt_lock:
             try:
                 ok = bcrypt.checkpw(password, hashed)
-            except ValueError:  # a hash bcrypt cannot read: never a match
+            except ValueError:  # a hash bcrypt cannot read (or a password it refuses): never a match
                 ok = False
         if ok and known:
             with self._cache_lock:

@@ -8,7 +8,8 @@ all sockets: an idle connection costs a coroutine, and every request has a real 
 headers (`asyncio.timeout_at`), like Go's `http.Server.ReadHeaderTimeout`; TLS handshakes get
 the same deadline. Handlers, which may block (a pprof profile waits N seconds), run on a bounded
 thread pool, so they block neither other requests nor the probe loop. The bytes on the wire are
-`http1`'s job, gzip `compression`'s, basic auth `auth`'s, the flags `options`'.
+`http1`'s job (through h11), gzip `compression`'s, basic auth `auth`'s, the web config in force
+`config_watch`'s, the flags `options`'.
 """
 
 from __future__ import annotations
@@ -23,26 +24,38 @@ import resource
 import ssl
 import threading
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass
 
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.web import Request, Response, Routes
-from offcpu_exporter.web.auth import BasicAuth
 from offcpu_exporter.web.compression import gzip_if_accepted
-from offcpu_exporter.web.config_file import WebConfig, WebConfigError, load_web_config
-from offcpu_exporter.web.http1 import BadRequest, Head, parse_head, response_head, with_body
+from offcpu_exporter.web.config_file import WebConfig, WebConfigError
+from offcpu_exporter.web.config_watch import WebConfigWatcher
+from offcpu_exporter.web.http1 import BadRequest, ClientGone, Head, Http1Connection
 from offcpu_exporter.web.options import WebOptions, parse_listen_address
 
-__all__ = ["WebServer"]
+__all__ = ["WebCounters", "WebServer"]
 
 log = logging.getLogger(__name__)
 
 _WRITE_TIMEOUT_S = 60.0
+# After refusing a request, what the client still sends is read and dropped for this long (or up to
+# this many bytes) before closing: closing with unread bytes makes the kernel send a reset, which can
+# destroy the error response before the client reads it. Go's server waits 500 ms the same way.
+_LINGER_S = 0.5
+_LINGER_BYTES = 1 << 20
 _BUILTIN_PATHS = ("/", "/healthz", "/readyz")
 
 
 class _Closed(Exception):
     """The client went away or ran out of time: close without answering (as Go's server does)."""
+
+
+@dataclass(frozen=True)
+class WebCounters:
+    bad_requests: int  # requests refused as malformed or too large (4xx/5xx from the parser)
+    config_reloads: int  # changed web config files put in force
+    config_reload_failures: int  # changed web config files that did not load (the last good one stayed)
 
 
 class WebServer:
@@ -53,6 +66,7 @@ class WebServer:
         routes: Routes,
         options: WebOptions | argparse.Namespace,
         ready: Callable[[], bool] = lambda: True,
+        config_check_interval: float = 1.0,
     ) -> None:
         self._opts = options if isinstance(options, WebOptions) else WebOptions.from_namespace(options)
         self._routes = routes
@@ -63,9 +77,7 @@ class WebServer:
                 raise WebConfigError(f"--web.{name.replace('_', '-')} must not be negative")
         if self._opts.read_header_timeout <= 0 or self._opts.idle_timeout <= 0:
             raise WebConfigError("--web.read-header-timeout and --web.idle-timeout must be positive")
-        self._config: WebConfig = load_web_config(self._opts.config_file) if self._opts.config_file else WebConfig()
-        self._ssl: ssl.SSLContext | None = self._config.tls.context() if self._config.tls else None
-        self._auth = BasicAuth(self._config.users)
+        self._web_config = WebConfigWatcher(self._opts.config_file, config_check_interval)
         workers = self._opts.max_requests or 64
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="web-handler")
         # bcrypt checks are serialized anyway (BasicAuth); one thread keeps them off the loop.
@@ -76,6 +88,7 @@ class WebServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight = 0
         self._open = 0
+        self._bad_requests = 0
         self._warn = RateLimitedLog(log, interval=60.0)
         self.addresses: list[tuple[str, int]] = []
 
@@ -92,7 +105,10 @@ class WebServer:
             host = "127.0.0.1"
         if ":" in host:
             host = f"[{host}]"
-        return f"{'https' if self._ssl else 'http'}://{host}:{self.port}"
+        return f"{'https' if self._web_config.tls else 'http'}://{host}:{self.port}"
+
+    def counters(self) -> WebCounters:
+        return WebCounters(self._bad_requests, self._web_config.reloads, self._web_config.failures)
 
     def start(self, timeout: float = 10.0) -> None:
         """Bind and serve on a background thread; raises OSError when the address cannot be bound."""
@@ -109,8 +125,8 @@ class WebServer:
         log.info(
             "serving on %s (TLS %s, basic auth %s)",
             self.url,
-            "on" if self._ssl else "off",
-            "on" if self._auth.enabled else "off",
+            "on" if self._web_config.tls else "off",
+            "on" if self._web_config.current().auth.enabled else "off",
         )
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -133,9 +149,6 @@ class WebServer:
             self._connection,
             self._host,
             self._port,
-            ssl=self._ssl,
-            ssl_handshake_timeout=self._opts.read_header_timeout if self._ssl else None,
-            limit=max(self._opts.max_header_bytes, 1024),
             backlog=1024,
             reuse_address=True,
         )
@@ -161,23 +174,37 @@ class WebServer:
         if task is not None:
             self._tasks.add(task)  # type: ignore[arg-type]
         try:
-            if not self._client_san_allowed(writer):
-                return
+            serving = self._web_config.current()
+            if serving.ssl_context is not None:
+                # TLS starts here rather than in start_server, so that every connection gets the
+                # context of the config in force (a rotated certificate). Nothing was awaited since
+                # the accept, so the client's first bytes are still unread and go to the handshake.
+                await writer.start_tls(serving.ssl_context, ssl_handshake_timeout=self._opts.read_header_timeout)
+                if not self._client_san_allowed(writer, serving.config):
+                    return
             accepted = asyncio.get_running_loop().time()
+            http = Http1Connection(self._opts.max_header_bytes, self._opts.max_body_bytes)
             first = True
             while True:
                 try:
-                    parsed = await self._read_request(reader, accepted if first else None)
+                    parsed = await self._read_request(reader, http, accepted if first else None)
                 except BadRequest as e:
-                    await self._write(writer, Response(e.status, (e.message + "\n").encode()), False, False)
+                    self._bad_requests += 1
+                    self._warn.warning(
+                        "bad request from %s answered %d: %s", writer.get_extra_info("peername"), e.status, e.message
+                    )
+                    await self._write(writer, http.error_response(e, self._web_config.current().config.headers))
+                    await _linger(reader, writer)
                     return
                 first = False
                 response = await self._respond(parsed.request)
                 keep = parsed.keep_alive and self._loop is not None
-                await self._write(writer, response, parsed.request.method == "HEAD", keep)
-                if not keep:
+                head_only = parsed.request.method == "HEAD"
+                extra_headers = self._web_config.current().config.headers
+                await self._write(writer, http.response(response, head_only, keep, extra_headers))
+                if not keep or not http.start_next():
                     return
-        except (_Closed, ConnectionError, TimeoutError, ssl.SSLError, asyncio.IncompleteReadError):
+        except (_Closed, ConnectionError, TimeoutError, ssl.SSLError):
             pass
         except asyncio.CancelledError:
             raise
@@ -189,8 +216,8 @@ class WebServer:
                 self._tasks.discard(task)  # type: ignore[arg-type]
             writer.close()
 
-    def _client_san_allowed(self, writer: asyncio.StreamWriter) -> bool:
-        allowed = self._config.tls.client_allowed_sans if self._config.tls else ()
+    def _client_san_allowed(self, writer: asyncio.StreamWriter, config: WebConfig) -> bool:
+        allowed = config.tls.client_allowed_sans if config.tls else ()
         if not allowed:
             return True
         cert = writer.get_extra_info("peercert") or {}
@@ -200,43 +227,42 @@ class WebServer:
         self._warn.warning("client certificate SANs %s not in client_allowed_sans", sorted(names))
         return False
 
-    async def _read_request(self, reader: asyncio.StreamReader, accepted: float | None) -> Head:
-        loop = asyncio.get_running_loop()
+    async def _read_request(
+        self, reader: asyncio.StreamReader, http: Http1Connection, accepted: float | None
+    ) -> Head:
         opts = self._opts
         try:
-            if accepted is not None:
-                # A new connection: the whole request head within the header timeout from accept.
-                deadline = accepted + opts.read_header_timeout
-                async with asyncio.timeout_at(deadline):
-                    first = await reader.readexactly(1)
-            else:
-                # Keep-alive: wait up to the idle timeout for the next request to begin.
-                async with asyncio.timeout(opts.idle_timeout):
-                    first = await reader.readexactly(1)
-                deadline = loop.time() + opts.read_header_timeout
-            async with asyncio.timeout_at(deadline):
-                head = first + await reader.readuntil(b"\r\n\r\n")
-                parsed = parse_head(head, opts.max_header_bytes, opts.max_body_bytes)
-                if parsed.body_length:
-                    body = await reader.readexactly(parsed.body_length)
-                    return replace(parsed, request=with_body(parsed.request, body))
+            parsed = http.next_request()  # a pipelined request may be here in full already
+            if parsed is not None:
                 return parsed
-        except asyncio.LimitOverrunError:
-            raise BadRequest(431, "request header fields too large") from None
-        except (TimeoutError, asyncio.IncompleteReadError):
+            if accepted is not None:
+                # A new connection: the whole request within the header timeout from accept.
+                deadline = accepted + opts.read_header_timeout
+            else:
+                if not http.has_buffered_bytes:
+                    # Keep-alive: wait up to the idle timeout for the next request to begin.
+                    async with asyncio.timeout(opts.idle_timeout):
+                        http.receive(await reader.read(http.read_size))
+                deadline = asyncio.get_running_loop().time() + opts.read_header_timeout
+            async with asyncio.timeout_at(deadline):
+                while (parsed := http.next_request()) is None:
+                    http.receive(await reader.read(http.read_size))
+                return parsed
+        except (TimeoutError, ClientGone):
             raise _Closed from None
 
     # ---- answering -----------------------------------------------------------------------------
 
     async def _respond(self, request: Request) -> Response:
         loop = asyncio.get_running_loop()
-        if self._auth.enabled:
+        auth = self._web_config.current().auth  # users added or removed in the file count from now on
+        if auth.enabled:
             authorization = request.headers.get("authorization")
             # Cached successes are checked on the loop, so that password guessers queueing bcrypt
             # checks on the auth thread do not delay scrapes with known credentials.
-            ok = self._auth.check_cached(authorization)
+            ok = auth.check_cached(authorization)
             if ok is None:
-                ok = await loop.run_in_executor(self._auth_pool, self._auth.check, authorization)
+                ok = await loop.run_in_executor(self._auth_pool, auth.check, authorization)
             if not ok:
                 return Response(401, b"Unauthorized\n", headers={"WWW-Authenticate": "Basic"})
         if request.path in _BUILTIN_PATHS:
@@ -285,11 +311,22 @@ class WebServer:
         )
         return Response(200, page.encode(), "text/html; charset=utf-8")
 
-    async def _write(self, writer: asyncio.StreamWriter, response: Response, head_only: bool, keep_alive: bool) -> None:
-        head = response_head(response, keep_alive, self._config.headers)
-        writer.write(head if head_only else head + response.body)
+    async def _write(self, writer: asyncio.StreamWriter, pieces: list[bytes]) -> None:
+        writer.writelines(pieces)
         async with asyncio.timeout(_WRITE_TIMEOUT_S):
             await writer.drain()
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    if not writer.can_write_eof():  # TLS: no half-close; the close_notify is sent at close
+        return
+    writer.write_eof()
+    dropped = 0
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        async with asyncio.timeout(_LINGER_S):
+            while dropped < _LINGER_BYTES and (data := await reader.read(65536)):
+                dropped += len(data)
+
 
 def _raise_open_files_limit() -> None:
     # Each connection is a file descriptor; Go raises the soft RLIMIT_NOFILE to the hard limit
