@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from testkit.grafana_dashboard import FIXED_METRICS, base_name, load, metric_names, queries
@@ -35,10 +36,45 @@ def test_variables_cover_instance_namespace_pod_process_and_datasources() -> Non
     variables = {v["name"]: v for v in load()["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     assert variables["pyroscope"]["query"] == "grafana-pyroscope-datasource"
-    assert {"instance", "namespace", "pod", "container", "comm", "pid", "stack_id"} <= set(variables)
+    assert {"cluster", "job", "instance", "namespace", "pod", "container", "comm", "pid", "stack_id"} <= set(variables)
     for panel in load()["panels"]:
         if panel["type"] not in ("row", "flamegraph"):
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_every_prometheus_selector_is_scoped_by_cluster_and_job() -> None:
+    # One Grafana over several clusters (or several exporter jobs in one Prometheus): every series selector
+    # narrows by both, or a panel would mix clusters. `cluster` may be absent (one Prometheus per cluster):
+    # its "All" is .*, which matches a missing label.
+    variables = {v["name"]: v for v in load()["templating"]["list"]}
+    assert variables["cluster"]["allValue"] == ".*" and variables["cluster"]["includeAll"]
+    assert "allValue" not in variables["job"] and variables["job"]["includeAll"]
+    selectors = 0
+    for query in queries(load()):
+        for selector in re.findall(r"\b[a-z_]+\{([^}]*)\}", query.expr):
+            selectors += 1
+            if query.where == "variable job":
+                assert selector == 'cluster=~"$cluster"', selector
+                continue
+            assert (selector + ", ").startswith('cluster=~"$cluster", job=~"$job", '), (query.where, selector)
+        if query.where not in ("variable cluster", "variable job"):
+            assert "{" in query.expr, f"{query.where}: a selector without matchers: {query.expr}"
+    assert selectors >= 35
+
+
+def test_import_asks_for_the_prometheus_datasource() -> None:
+    # As dashboards shared on grafana.com: __inputs names the datasource that Grafana's import asks for
+    # and writes in for ${DS_PROMETHEUS}, here the datasource variable's default, so panels keep following
+    # the variable. A provisioned copy (the chart's ConfigMap) is not imported: the unresolved default is
+    # not a datasource and Grafana picks its default Prometheus instead.
+    dashboard = load()
+    assert dashboard["__inputs"] == [{"name": "DS_PROMETHEUS", "label": "Prometheus",
+                                      "description": "The Prometheus that scrapes offcpu-exporter",
+                                      "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}]
+    text = json.dumps({k: v for k, v in dashboard.items() if k != "__inputs"})
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["current"] == {"text": "${DS_PROMETHEUS}", "value": "${DS_PROMETHEUS}"}
+    assert text.count("${DS_PROMETHEUS}") == 2  # nowhere else: panels and variables use ${datasource}
 
 
 def test_every_metric_is_declared_by_the_prometheus_sink() -> None:

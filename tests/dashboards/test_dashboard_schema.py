@@ -64,6 +64,9 @@ def panels_of(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def typescript_for(dashboard: dict[str, Any]) -> str:
+    # __inputs (and __requires) describe an import, not the dashboard: Grafana's importer reads and drops
+    # them, so the model the schema types never has them (test_dashboard_metrics.py checks them).
+    dashboard = {k: v for k, v in dashboard.items() if k not in ("__inputs", "__requires")}
     imports = []
     for cfg, has_field_config in PANEL_TYPES.values():
         path = f"@grafana/schema/dist/esm/raw/composable/{_DIR[cfg]}/panelcfg/x/{cfg}_types.gen"

@@ -30,7 +30,7 @@ from tests.e2e.prometheus_server import PrometheusServer, scrape_config
 pytestmark = pytest.mark.kernel
 
 RATE_INTERVAL = "10s"
-VARIABLE_ORDER = ("instance", "namespace", "pod", "container", "comm", "pid", "stack_id")
+VARIABLE_ORDER = ("cluster", "job", "instance", "namespace", "pod", "container", "comm", "pid", "stack_id")
 POD_UID = str(uuid.uuid4())
 CONTAINER_ID = uuid.uuid4().hex + uuid.uuid4().hex
 

@@ -93,3 +93,48 @@ def test_process_and_stack_limits_fold_into_other_with_exact_sums() -> None:
     assert stack_sums.keys() == after.keys()
     for pid, total in after.items():
         assert stack_sums[pid] == pytest.approx(total, rel=1e-9, abs=1e-9)
+
+
+# Series of one process at the defaults (--prometheus.top-stacks 10, histogram per container): four
+# reasons of offcpu_seconds_total, offcpu_switches_total, offcpu_blocked_threads and
+# offcpu_blocked_longest_seconds, and its stacks' two counters (K named stacks and "other"). The
+# per-process histogram (29 series) is opt-in. docs/prometheus.md has the arithmetic per node.
+PER_PROCESS_FIXED = 4 * 4
+SERIES_BUDGET_PER_PROCESS = 40
+
+
+def test_series_per_process_at_defaults_stay_within_budget() -> None:
+    with ExitStack() as stack:
+        workloads = [stack.enter_context(Workload(mode, threads=2, iterations=1000, interval_ms=5))
+                     for mode in ("sleep", "pipe", "mutex")]
+        pids = [arg for w in workloads for arg in ("--pid", str(w.pid))]
+        exporter = stack.enter_context(ExporterProcess([*pids, "--flush-interval", "0.25"]))
+        for w in workloads:
+            w.go()
+        time.sleep(4)
+        body = exporter.get("/metrics")
+        for w in workloads:
+            w.wait(timeout=120)
+
+    per_pid: dict[str, int] = defaultdict(int)
+    stack_ids: dict[str, set[str]] = defaultdict(set)
+    histogram_groups = set()
+    for fam in text_string_to_metric_families(body.decode()):
+        for s in fam.samples:
+            if fam.name == "offcpu_block_duration_seconds":
+                assert "pid" not in s.labels and "comm" not in s.labels, s
+                histogram_groups.add((s.labels["namespace"], s.labels["pod"], s.labels["container"]))
+            if "pid" in s.labels:
+                per_pid[s.labels["pid"]] += 1
+            if fam.name == "offcpu_stack_seconds":
+                stack_ids[s.labels["pid"]].add(s.labels["stack_id"])
+    counts = {str(w.pid): per_pid[str(w.pid)] for w in workloads}
+    print(f"series per process at defaults: {counts}")
+    for pid, n in counts.items():
+        assert len(stack_ids[pid]) >= 2, (pid, stack_ids[pid])  # a named stack and "other" at least
+        assert n == PER_PROCESS_FIXED + 2 * len(stack_ids[pid]), (pid, n, stack_ids[pid])
+        assert n <= SERIES_BUDGET_PER_PROCESS, (pid, n)
+    # The three host processes share one histogram: 26 finite buckets, +Inf, _sum and _count.
+    assert histogram_groups == {("", "", "")}
+    hist = sum(1 for line in body.decode().splitlines() if line.startswith("offcpu_block_duration_seconds"))
+    assert hist == 29

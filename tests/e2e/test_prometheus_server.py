@@ -72,8 +72,9 @@ def test_prometheus_scrapes_known_rates_and_exact_stack_sums(tmp_path: Path, wor
             switches_diff = prom.value(
                 f'sum(offcpu_stack_switches_total{{pid="{pid}"}}) - sum(offcpu_switches_total{{pid="{pid}"}})', at
             )
+            # The histogram is per container: the watched process is the only one on the host's.
             median = prom.value(
-                f'histogram_quantile(0.5, sum by (le) (rate(offcpu_block_duration_seconds_bucket{{pid="{pid}"}}'
+                f'histogram_quantile(0.5, sum by (le) (rate(offcpu_block_duration_seconds_bucket{{pod=""}}'
                 f"[{WINDOW_S}s])))",
                 at,
             )

@@ -30,7 +30,8 @@ __all__ = ["OffCPUCollector", "bcc_version"]
 
 PROCESS_LABELS = ("pid", "comm", "reason", "namespace", "pod", "container")
 THREAD_LABELS = ("tid", "thread")  # on the process counters with --per-thread
-HISTOGRAM_LABELS = ("pid", "comm", "namespace", "pod", "container")
+HISTOGRAM_LABELS = ("pid", "comm", "namespace", "pod", "container")  # --prometheus.histogram-by process
+GROUP_HISTOGRAM_LABELS = ("namespace", "pod", "container")  # the default: per container
 STACK_LABELS = (
     "pid",
     "comm",
@@ -86,6 +87,8 @@ class OffCPUCollector:
         self._per_thread = per_thread
         self._process_labels = (*PROCESS_LABELS, *THREAD_LABELS) if per_thread else PROCESS_LABELS
         self._call_path_frames = call_path_frames
+        # The selection accumulates per-container histograms only when asked: its choice decides the labels.
+        self._histogram_labels = GROUP_HISTOGRAM_LABELS if selection.group_histograms else HISTOGRAM_LABELS
         self._build = {
             "version": offcpu_exporter.__version__,
             "python": platform.python_version(),
@@ -211,7 +214,7 @@ class OffCPUCollector:
             ),
         ]
         hist = HistogramMetricFamily(
-            "offcpu_block_duration_seconds", "How long each off-CPU period lasted.", labels=HISTOGRAM_LABELS
+            "offcpu_block_duration_seconds", "How long each off-CPU period lasted.", labels=self._histogram_labels
         )
         return {f.name: f for f in fams}, hist
 
@@ -274,9 +277,12 @@ class OffCPUCollector:
                 st_seconds.add_metric(labels, stack_series.value.seconds)
                 st_switches.add_metric(labels, stack_series.value.count)
             self._add_other_stack(st_seconds, st_switches, pid, comm, where, series.other)
-            _add_histogram(hist, [pid, comm, *where], series.view.histogram, series.view.total)
+            if not self._selection.group_histograms:
+                _add_histogram(hist, [pid, comm, *where], series.view.histogram, series.view.total)
         if view.folded is not None:
             self._add_folded(fams, hist, view.folded)
+        for group in view.groups:
+            _add_histogram(hist, [_text(w) for w in group.where], group.histogram, group.total)
 
     def _add_blocked(self, fams: Mapping[str, _Family], view: SelectionView) -> None:
         threads, longest = fams["offcpu_blocked_threads"], fams["offcpu_blocked_longest_seconds"]
@@ -326,7 +332,8 @@ class OffCPUCollector:
         self._add_other_stack(
             fams["offcpu_stack_seconds"], fams["offcpu_stack_switches"], OTHER, OTHER, where, folded.total
         )
-        _add_histogram(hist, [OTHER, OTHER, *where], folded.histogram, folded.total)
+        if not self._selection.group_histograms:  # else the folded processes are in their containers' ones
+            _add_histogram(hist, [OTHER, OTHER, *where], folded.histogram, folded.total)
 
     # ---- the exporter itself -------------------------------------------------------------------------
 
@@ -384,8 +391,8 @@ def _add_histogram(fam: HistogramMetricFamily, labels: list[str], slots: Sequenc
         buckets.append((le, running))
     running += sum(slots[len(_LE) :])
     buckets.append(("+Inf", running))
-    # The sum is the process's off-CPU time: the histogram counts the same blocks (offcpu_exporter/bpf/offcpu.bpf.c,
-    # account()), so _sum/_count is the mean block duration.
+    # The sum is the off-CPU time of its processes: the histogram counts the same blocks
+    # (offcpu_exporter/bpf/offcpu.bpf.c, account()), so _sum/_count is the mean block duration.
     fam.add_metric(labels, buckets, total.seconds)
 
 

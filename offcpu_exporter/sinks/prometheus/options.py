@@ -9,7 +9,11 @@ from offcpu_exporter.config import positive_int
 from offcpu_exporter.sinks.prometheus.top_series import DEFAULT_LIMITS
 from offcpu_exporter.waitsite import CALL_PATH_FRAMES
 
-__all__ = ["DEFAULTS", "PrometheusOptions", "add_arguments", "enabled"]
+__all__ = ["DEFAULTS", "HISTOGRAM_BY", "PrometheusOptions", "add_arguments", "enabled"]
+
+# What one offcpu_block_duration_seconds histogram covers. Per container by default: 29 series per
+# process would be most of a node's series (docs/prometheus.md, Cardinality controls).
+HISTOGRAM_BY = ("container", "process")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +27,13 @@ class PrometheusOptions:
     call_path_frames: int = CALL_PATH_FRAMES
     stack_label: bool = False
     per_thread: bool = False  # the core's --per-thread: per-thread series
+    histogram_by: str = HISTOGRAM_BY[0]
 
     def __post_init__(self) -> None:
+        if self.histogram_by not in HISTOGRAM_BY:
+            raise ValueError(
+                f"--prometheus.histogram-by must be one of {', '.join(HISTOGRAM_BY)}: {self.histogram_by!r}"
+            )
         if not self.path.startswith("/"):
             raise ValueError(f"--web.telemetry-path must start with '/': {self.path!r}")
         if self.top_stacks < 0 or self.max_processes < 0 or self.top_threads < 0:
@@ -42,6 +51,7 @@ class PrometheusOptions:
             call_path_frames=options.prometheus_call_path_frames,
             stack_label=options.prometheus_stack_label,
             per_thread=getattr(options, "per_thread", False),
+            histogram_by=options.prometheus_histogram_by,
         )
 
 
@@ -98,6 +108,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="add the whole folded stack as label `stack` to the per-stack series "
         "(long label values: mind Prometheus' memory)",
+    )
+    g.add_argument(
+        "--prometheus.histogram-by",
+        dest="prometheus_histogram_by",
+        choices=HISTOGRAM_BY,
+        default=DEFAULTS.histogram_by,
+        help="one offcpu_block_duration_seconds histogram per container (namespace, pod, container; host "
+        "processes share one) or per process (29 more series per process) (default %(default)s)",
     )
 
 

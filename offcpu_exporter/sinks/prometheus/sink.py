@@ -33,7 +33,10 @@ class PrometheusSink:
         self.stats = SinkStats()
         self._context = context
         self.selection = Selection(
-            max_processes=options.max_processes, top_stacks=options.top_stacks, top_threads=options.top_threads
+            max_processes=options.max_processes,
+            top_stacks=options.top_stacks,
+            top_threads=options.top_threads,
+            group_histograms=options.histogram_by == "container",
         )
         self.registry = CollectorRegistry()
         self.collector = OffCPUCollector(

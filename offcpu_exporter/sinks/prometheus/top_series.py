@@ -17,6 +17,10 @@ Two rules keep every exported counter monotonic while bounding cardinality:
 - Threads (with --per-thread): the same rule per process, with ``tid="other"`` for the rest: each
   selected process exports its top K threads by recent off-CPU time, and ``other`` is the process's
   total per reason minus those series.
+- Block-duration histograms per container (``--prometheus.histogram-by container``): every process
+  present, selected or folded, adds its increases to the histogram of its (namespace, pod,
+  container), host processes to the one with empty names. A group's series last as long as one of
+  its processes is in the snapshot (so through the exited grace of the last one), then end.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from offcpu_exporter.snapshot import (
 
 __all__ = [
     "FoldedProcesses",
+    "GroupHistogram",
     "ProcessSeries",
     "Selection",
     "SelectionView",
@@ -104,11 +109,22 @@ class FoldedProcesses:
 
 
 @dataclass(frozen=True)
+class GroupHistogram:
+    """Block durations of the processes of one container (namespace, pod, container); all three empty
+    for processes outside pods. Accumulated increases, so a process's exit never lowers it."""
+
+    where: tuple[str, str, str]
+    histogram: tuple[int, ...]
+    total: Counter
+
+
+@dataclass(frozen=True)
 class SelectionView:
     sequence: int
     processes: tuple[ProcessSeries, ...]
     folded: FoldedProcesses | None  # None until some process was ever folded
     overflow: Mapping[str, int]  # what -> items folded away since start
+    groups: tuple[GroupHistogram, ...] = ()  # with group_histograms, sorted by `where`
 
 
 Id = TypeVar("Id", str, int)
@@ -186,10 +202,12 @@ class Selection:
         max_processes: int = DEFAULT_LIMITS.max_processes,
         top_stacks: int = DEFAULT_LIMITS.top_stacks,
         top_threads: int = DEFAULT_LIMITS.top_threads,
+        group_histograms: bool = False,
     ) -> None:
         self.max_processes = max_processes  # 0: no limit
         self.top_stacks = top_stacks
         self.top_threads = top_threads
+        self.group_histograms = group_histograms
         self._lock = threading.Lock()
         self._view: SelectionView | None = None
         self._selected: set[ProcessKey] = set()
@@ -202,6 +220,8 @@ class Selection:
         self._threads: dict[ProcessKey, _Slots[int, Mapping[Reason, Counter]]] = {}
         self._overflow = {"processes": 0, "stacks": 0, "threads": 0}
         self._log = RateLimitedLog(log, interval=300.0)
+        self._group_last: dict[ProcessKey, ProcessView] = {}
+        self._groups: dict[tuple[str, str, str], tuple[list[int], Counter]] = {}
 
     def view(self, snapshot: Snapshot) -> SelectionView:
         """The view of `snapshot`; computed once per sequence (callers may be concurrent)."""
@@ -231,7 +251,8 @@ class Selection:
             view = present[key]
             series.append(self._process_series(view, samples_by_process.get(key, ()), snapshot.time_ns))
         folded = self._fold(present)
-        return SelectionView(snapshot.sequence, tuple(series), folded, dict(self._overflow))
+        groups = self._group_histograms(present) if self.group_histograms else ()
+        return SelectionView(snapshot.sequence, tuple(series), folded, dict(self._overflow), groups)
 
     def _choose_processes(self, present: Mapping[ProcessKey, ProcessView]) -> None:
         new = [v for k, v in present.items() if k not in self._selected and k not in self._folded_last]
@@ -276,6 +297,27 @@ class Selection:
         return FoldedProcesses(
             len(self._folded_last), self._folded_total, dict(self._folded_by_reason), tuple(self._folded_hist)
         )
+
+    def _group_histograms(self, present: Mapping[ProcessKey, ProcessView]) -> tuple[GroupHistogram, ...]:
+        for key in [k for k in self._group_last if k not in present]:
+            del self._group_last[key]  # exited and past its grace: its increases are in its group
+        alive: set[tuple[str, str, str]] = set()
+        for key, now in present.items():
+            where = (now.info.namespace, now.info.pod, now.info.container)
+            alive.add(where)
+            last = self._group_last.get(key)
+            slots, total = self._groups.get(where, ([], ZERO))
+            if len(slots) < len(now.histogram):
+                slots.extend([0] * (len(now.histogram) - len(slots)))
+            for i, n in enumerate(now.histogram):
+                before = last.histogram[i] if last is not None and i < len(last.histogram) else 0
+                slots[i] += max(n - before, 0)
+            self._groups[where] = (slots, total + _increase(now.total, last.total if last is not None else ZERO))
+            self._group_last[key] = now
+        # A group none of whose processes is left ends its series, as a process's end after its grace.
+        for where in [w for w in self._groups if w not in alive]:
+            del self._groups[where]
+        return tuple(GroupHistogram(w, tuple(self._groups[w][0]), self._groups[w][1]) for w in sorted(self._groups))
 
     def _process_series(
         self, view: ProcessView, samples: Sequence[tuple[Stack, Counter]], time_ns: int

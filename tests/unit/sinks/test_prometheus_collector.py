@@ -365,6 +365,67 @@ def test_histogram_is_cumulative_with_le_in_seconds() -> None:
     assert samples(text, "offcpu_block_duration_seconds_sum")[0][1] == 12.0
 
 
+def test_histogram_per_container_sums_its_processes_and_survives_their_exit() -> None:
+    """The default (--prometheus.histogram-by container): one histogram per (namespace, pod, container), host
+    processes in the one with empty names, folded processes in their own container's; an exit never lowers it."""
+    sel = Selection(max_processes=2, group_histograms=True)
+    b = Builder()
+    web1, web2 = (process(pid, "web", namespace="shop", pod="web-0", container="app") for pid in (10, 11))
+    host = process(20, "sshd")
+    for p, seconds, slots in ((web1, 1.0, {3: 2}), (web2, 2.0, {3: 1, 12: 4}), (host, 4.0, {20: 3})):
+        b.add(p, stack("x"), seconds, count=sum(slots.values()))
+        b.add_blocks(p, slots)
+    text = render(b, selection=sel)
+    hist = samples(text, "offcpu_block_duration_seconds_count")
+    # No pid or comm: the three processes make two histograms, whatever their number.
+    assert sorted((lab.get("pod", ""), v) for lab, v in hist) == [("", 3), ("web-0", 7)]
+    assert all(set(lab) == {"namespace", "pod", "container"} for lab, _ in hist)
+    sums = {lab["pod"]: v for lab, v in samples(text, "offcpu_block_duration_seconds_sum")}
+    assert sums == {"": 4.0, "web-0": 3.0}
+    buckets = {lab["le"]: v for lab, v in samples(text, "offcpu_block_duration_seconds_bucket")
+               if lab["pod"] == "web-0"}
+    assert buckets["8e-06"] == 3 and buckets["0.004096"] == 7 and buckets["+Inf"] == 7
+    # max_processes=2 folded one process into pid="other": still in its container's histogram, and no
+    # pid="other" histogram.
+    assert "other" in by(text, "offcpu_seconds_total", "pid")
+    # One of the pod's processes exits and leaves the snapshot: the pod's histogram keeps its blocks.
+    b.add_blocks(web2, {12: 1})
+    b.add(web2, stack("x"), 0.5)
+    text = render(b, selection=sel)
+    b.remove(web2.key)
+    b.add_blocks(web1, {3: 1})
+    b.add(web1, stack("x"), 0.25)
+    text = render(b, selection=sel)
+    counts = {lab["pod"]: v for lab, v in samples(text, "offcpu_block_duration_seconds_count")}
+    assert counts == {"": 3, "web-0": 9}
+    sums = {lab["pod"]: v for lab, v in samples(text, "offcpu_block_duration_seconds_sum")}
+    assert sums["web-0"] == pytest.approx(3.75)
+    # The last process of the pod gone: the pod's series end.
+    b.remove(web1.key)
+    text = render(b, selection=sel)
+    assert [lab.get("pod", "") for lab, _ in samples(text, "offcpu_block_duration_seconds_count")] == [""]
+    promtool_check(text)
+
+
+def test_histogram_by_container_is_the_default_and_process_is_opt_in() -> None:
+    parser = argparse.ArgumentParser()
+    prom_options.add_arguments(parser)
+    assert prom_options.PrometheusOptions.from_args(parser.parse_args([])).histogram_by == "container"
+    assert prom_options.PrometheusOptions.from_args(
+        parser.parse_args(["--prometheus.histogram-by", "process"])).histogram_by == "process"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--prometheus.histogram-by", "pid"])
+    b = Builder()
+    b.add(process(3, "h", namespace="ns", pod="p", container="c"), stack("x"), 1.0)
+    snap = b.snapshot()
+    for histogram_by, labels in (("container", {"namespace", "pod", "container"}),
+                                 ("process", {"pid", "comm", "namespace", "pod", "container"})):
+        context = SinkContext(latest=lambda: snap, flush_now=lambda t: snap, routes=Routes())
+        sink = prom_sink.PrometheusSink(context, prom_options.PrometheusOptions(histogram_by=histogram_by), bcc="x")
+        text = generate_latest(sink.registry).decode()
+        assert [set(lab) for lab, _ in samples(text, "offcpu_block_duration_seconds_count")] == [labels]
+
+
 @pytest.mark.parametrize("comm", ['a"b', "back\\slash", "new\nline", "bad\udcffutf8", "ünï{cödé}", 'x="y",z'])
 def test_hostile_label_values_round_trip(comm: str) -> None:
     b = Builder()
