@@ -11,14 +11,15 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/offcpu-exporter
-COPY pyproject.toml README.md LICENSE NOTICE ./
+COPY pyproject.toml constraints.txt README.md LICENSE NOTICE ./
 # The package carries its BPF C sources (offcpu_exporter/bpf/, compiled by bcc at start).
 COPY offcpu_exporter/ offcpu_exporter/
 
-# A virtualenv on the system interpreter that sees Debian's bcc module; the k8s extra brings the
-# Kubernetes client for pod names. A plain (not editable) install: the source tree is removed after.
+# A virtualenv on the system interpreter that sees Debian's bcc module (pod names need no extra: the
+# exporter's own small API client). A plain (not editable) install: the source tree is removed after.
+# constraints.txt pins every runtime dependency to the tested version, so a rebuild gets the same image.
 RUN python3 -m venv --system-site-packages /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir '/opt/offcpu-exporter[k8s]' \
+ && /opt/venv/bin/pip install --no-cache-dir -c constraints.txt /opt/offcpu-exporter \
  && cd / && rm -rf /opt/offcpu-exporter \
  && /opt/venv/bin/python -c 'import bcc, offcpu_exporter.cli'
 WORKDIR /

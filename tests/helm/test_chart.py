@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -185,6 +186,9 @@ def test_all_on_wiring() -> None:
         endpoint = monitor["spec"][endpoints_key][0]
         assert endpoint["port"] in port_names and endpoint["scheme"] == "https"
         assert endpoint["basicAuth"]["password"] == {"name": "offcpu-exporter-scrape", "key": "password"}
+        # The series' namespace/pod/container win over the Operator's target labels of those names
+        # (tests/e2e/test_operator_labels.py scrapes with the job the Operator makes of this).
+        assert endpoint["honorLabels"] is True
     assert one(docs, "ServiceMonitor")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     # The dashboard ConfigMap for Grafana's sidecar holds the dashboard file unchanged.
     cm = one(docs, "ConfigMap")
@@ -267,10 +271,34 @@ def test_dockerfile_builds_what_the_chart_runs() -> None:
     assert "python3-bpfcc" in run and "--system-site-packages" in run and "[k8s]" in run
     copied = {rest.split()[0].rstrip("/") for word, rest in steps if word == "COPY"}
     assert {"offcpu_exporter", "pyproject.toml"} <= copied
-    assert "pip install --no-cache-dir '/opt/offcpu-exporter[k8s]'" in run  # a plain install, not -e
+    # A plain install (not -e), with the tested versions of every runtime dependency.
+    assert re.search(r"pip install --no-cache-dir -c constraints\.txt '?/opt/offcpu-exporter\b", run), run
+    assert "constraints.txt" in next(rest for word, rest in steps if word == "COPY").split()
     assert json.loads(dict(steps)["ENTRYPOINT"]) == ["offcpu-exporter"]
     assert json.loads(dict(steps)["CMD"]) == ["serve"]
     # The chart's default image is this one's name at the chart's appVersion.
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     image = container(render({}))["image"]
     assert image == f"offcpu-exporter:{chart['appVersion']}"
+
+
+def test_readme_docker_run_gives_what_the_chart_gives() -> None:
+    # The one-host example runs the same image with the pod's capabilities, host paths (read-only) and
+    # host PID namespace, on the port the Dockerfile exposes, with arguments the exporter accepts.
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("    docker run ", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ")
+    words = block.split()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    caps = {w.split("=", 1)[1] for w in words if w.startswith("--cap-add=")}
+    assert "--cap-drop=ALL" in words and caps == set(values["securityContext"]["capabilities"])
+    mounts = [words[i + 1] for i, w in enumerate(words) if w == "-v"]
+    assert mounts == [f"{p}:{p}:ro" for p in values["hostPaths"].values()]
+    assert "--pid=host" in words
+    expose = dict(iter_dockerfile(ROOT / "Dockerfile"))["EXPOSE"]
+    assert f"{expose}:{expose}" in words and int(expose) == values["web"]["port"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    image = f"offcpu-exporter:{chart['appVersion']}"
+    assert f"docker build -t {image} ." in readme
+    args = words[words.index(image) + 1:]
+    options, unknown = cli.build_parser().parse_known_args(args)
+    assert options.command == "serve" and options.all is True and unknown == []

@@ -97,3 +97,13 @@ def test_formats_one_line_each() -> None:
 def test_bad_log_format(fmt: str) -> None:
     r = _run("serve", "--log.format", fmt)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_log_level_warn_is_warning(tmp_path: Path) -> None:
+    # node_exporter's spelling, on the command line and in a config file.
+    assert cli.parse_args(["serve", "--log.level", "warn"]).log_level == "warning"
+    config = tmp_path / "c.yml"
+    config.write_text("log.level: warn\n")
+    assert cli.parse_args(["record", "--pid", "1", "--config.file", str(config)]).log_level == "warning"
+    with pytest.raises(SystemExit):
+        cli.parse_args(["serve", "--log.level", "warnings"])
