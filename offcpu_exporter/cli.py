@@ -338,6 +338,8 @@ def cmd_serve(options: argparse.Namespace) -> int:
     from offcpu_exporter.probe.loader import ProbeError
     from offcpu_exporter.sinks import SinkContext
     from offcpu_exporter.web import Routes
+    from offcpu_exporter.sinks.prometheus.sink import PrometheusSink
+    from offcpu_exporter.web.metrics import WebCollector
     from offcpu_exporter.web.server import WebServer
 
     stop = _stop_on_signals()
@@ -375,6 +377,9 @@ def cmd_serve(options: argparse.Namespace) -> int:
         log.error("cannot serve HTTP: %s", e)
         probe.close()
         return 2
+    for sink in context.sinks:
+        if isinstance(sink, PrometheusSink):
+            sink.process_registry.register(WebCollector(server.counters))
     pipeline.start()
     log.info("offcpu-exporter %s serving; targets: %s", __version__, pipeline.processes.rules.describe())
     stop.wait()
