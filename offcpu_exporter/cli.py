@@ -337,8 +337,8 @@ def _stop_on_signals() -> threading.Event:
 def cmd_serve(options: argparse.Namespace) -> int:
     from offcpu_exporter.probe.loader import ProbeError
     from offcpu_exporter.sinks import SinkContext
-    from offcpu_exporter.web import Routes
     from offcpu_exporter.sinks.prometheus.sink import PrometheusSink
+    from offcpu_exporter.web import Routes
     from offcpu_exporter.web.metrics import WebCollector
     from offcpu_exporter.web.server import WebServer
 
