@@ -98,7 +98,7 @@ def exporter(workload_pid: int, args: list[str]) -> Iterator[dict[str, Any]]:
     from offcpu_exporter import cli
 
     options = cli.parse_args(["serve", "--kubernetes.metadata", "off", *args])
-    probe, pipeline = cli.build_pipeline(options)
+    probe, pipeline, _ = cli.build_pipeline(options)  # metadata off: nothing to start or close
     probe.start()
     pipeline.start()
     watched = options.all or workload_pid in options.pid

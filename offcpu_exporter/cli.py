@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from offcpu_exporter import __version__, heap, logfmt
 from offcpu_exporter.config import (
@@ -26,10 +26,14 @@ from offcpu_exporter.config import (
 )
 from offcpu_exporter.core import CoreConfig
 from offcpu_exporter.k8s import selection as k8s_selection
-from offcpu_exporter.probe.loader import ProbeConfig
+from offcpu_exporter.probe.loader import Probe, ProbeConfig
 from offcpu_exporter.sinks import OUTPUTS, OutputOptions
 from offcpu_exporter.snapshot import ProcessInfo
 from offcpu_exporter.targets import TargetRules
+
+if TYPE_CHECKING:
+    from offcpu_exporter.k8s import PodMetadata
+    from offcpu_exporter.pipeline import Pipeline
 
 __all__ = ["main"]
 
@@ -285,7 +289,7 @@ def core_config(options: argparse.Namespace,
     )
 
 
-def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
+def build_pipeline(options: argparse.Namespace) -> tuple[Probe, Pipeline, PodMetadata]:
     """The probe, the pipeline and the pod metadata, none of them started: no thread runs yet (see
     privileges.py)."""
     from offcpu_exporter.core import build_core
@@ -298,6 +302,7 @@ def build_pipeline(options: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise StartupError("; ".join(core.problems))
     for problem in core.problems:
         log.error("%s; watching the other targets", problem)
+    assert isinstance(core.probe, Probe)  # build_core makes one when given none
     return core.probe, core.pipeline, metadata
 
 

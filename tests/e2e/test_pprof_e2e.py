@@ -41,7 +41,7 @@ class Served:
 
     def __init__(self, argv: list[str]) -> None:
         options = cli.parse_args(["serve", *argv])
-        self.probe, self.pipeline = cli.build_pipeline(options)
+        self.probe, self.pipeline, self.metadata = cli.build_pipeline(options)
         self.probe.start()
         self.flushes: list[Snapshot] = []
         self.first_flush = threading.Event()
@@ -69,6 +69,7 @@ class Served:
 
     def close(self) -> None:
         self.pipeline.stop()
+        self.metadata.close()
         self.probe.close()
 
 
