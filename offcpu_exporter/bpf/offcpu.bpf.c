@@ -276,8 +276,8 @@ static __always_inline void switch_out(void *ctx, u32 tid, u32 tgid, u32 reason,
 /* The last switch-out of a thread that exited (do_task_dead()): it never runs again, so nothing
  * stored for it would ever be consumed, and its tid may be reused by a new thread. Done for every
  * thread, watched or not: a group leader's exit takes its tgid out of `targets` before this last
- * switch (sched_process_exit), and a block user space seeded for a thread that was in fact still
- * on its way to the CPU is ended here at the latest. Thread exits are rare next to switches. */
+ * switch (sched_process_exit); a block whose switch-in went unseen was counted just before
+ * (prev_leaves()). Thread exits are rare next to switches. */
 static __always_inline void forget_thread(u32 tid)
 {
 	start.delete(&tid);
@@ -389,19 +389,17 @@ static __always_inline struct offcpu_control *control_now(void)
  * one of them to a watched thread goes unseen. The block is counted as ending when the thread was
  * last picked to run: now minus the CPU time it has had since (sched_entity::sum_exec_runtime -
  * prev_sum_exec_runtime, brought up to date by the scheduler before the switch is traced; the two
- * differ by the interrupt time in between). It is also counted as missed, so that it shows. A block
- * user space seeded for a thread that was in fact on its way to the CPU (in_progress.py) ends
- * uncounted. Called before the switch-out's stack walks, like the switch-in of `next`. */
+ * differ by the interrupt time in between). It is also counted as missed, so that it shows. The
+ * same holds for a block user space seeded (in_progress.py): either its switch-in went unseen so,
+ * or the thread woke while it was being seeded (user space then takes the block back, unless it
+ * ended here first); either way it was off CPU from the seed's start until that pick, and the pick
+ * is never before the seed's start (the max() below). Called before the switch-out's stack walks,
+ * like the switch-in of `next`. */
 static __always_inline void end_unseen_block(void *task, u32 tid, u64 now, struct offcpu_control *ctl)
 {
 	struct offcpu_start *s = start.lookup(&tid);
 	if (!s)
 		return;
-	if (s->flags & OFFCPU_START_SEEDED) {
-		start.delete(&tid);
-		mark_off_cpu(tid, 0);
-		return;
-	}
 	stat_add(OFFCPU_STAT_MISSED_SWITCH_INS, 1);
 #ifdef TASK_SE_RUNTIME_OFFSET
 	u64 sum = 0, picked = 0;

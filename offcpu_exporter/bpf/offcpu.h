@@ -73,7 +73,8 @@ struct offcpu_start {
 
 /* struct offcpu_start.flags */
 #define OFFCPU_START_SEEDED 1 /* stored by user space for a thread already off CPU when it became
-                               * watched (its stacks read from /proc, or OFFCPU_STACK_SEEDED) */
+                               * watched (its stacks read from /proc, or OFFCPU_STACK_SEEDED); the
+                               * kernel treats it as any block, the flag tells it apart in a map dump */
 
 /* Written by user space for a thread that is still off CPU at a flush: the block's time up to
  * `until_ns` is already counted, so its switch-in counts from there. Applies only to the block
