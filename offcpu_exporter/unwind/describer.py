@@ -24,9 +24,14 @@ log = logging.getLogger(__name__)
 
 
 class Describer:
-    def __init__(self, unwinder: Unwinder, *, refresh_seconds: float = 10.0) -> None:
+    def __init__(self, unwinder: Unwinder, *, refresh_seconds: float = 10.0, refresh_rate: float = 20.0) -> None:
+        """Each described process is looked at again after `refresh_seconds`, and at most
+        `refresh_rate` of them a second (at thousands of processes, each is then looked at less
+        often: the cost stays bounded; new processes are never held back)."""
         self.unwinder = unwinder
         self.refresh_seconds = refresh_seconds
+        self.refresh_rate = refresh_rate
+        self._next_refresh = 0.0
         self._queue: deque[int] = deque()
         self._wanted: set[int] = set()  # queued or described
         self._described: dict[int, float] = {}  # pid -> when it was last looked at
@@ -90,17 +95,31 @@ class Describer:
             if self._queue:
                 self._busy = True
                 return self._queue.popleft()
-            stale = [pid for pid, at in self._described.items() if now - at >= self.refresh_seconds]
-            if stale:
-                self._busy = True
-                return min(stale, key=self._described.__getitem__)
+            # In the order they were last looked at (see _run()): the first is the stalest. Looking
+            # at every process to find it made a pass over N processes cost N^2.
+            for pid, at in self._described.items():
+                if now - at >= self.refresh_seconds and now >= self._next_refresh:
+                    self._busy = True
+                    self._next_refresh = now + 1 / self.refresh_rate
+                    return pid
+                break
         return None
+
+    def _idle_seconds(self) -> float:
+        """How long nothing is due (a want() wakes the worker earlier)."""
+        now = time.monotonic()
+        with self._lock:
+            oldest = next(iter(self._described.values()), None)
+        if oldest is None:
+            return 1.0
+        due = max(oldest + self.refresh_seconds, self._next_refresh)
+        return min(1.0, max(0.001, due - now))
 
     def _run(self) -> None:
         while not self._stop.is_set():
             pid = self._next()
             if pid is None:
-                self._wake.wait(1.0)
+                self._wake.wait(self._idle_seconds())
                 self._wake.clear()
                 continue
             try:
@@ -115,7 +134,8 @@ class Describer:
                     self._wanted.discard(pid)
                     self._described.pop(pid, None)
                 elif pid in self._wanted:
+                    self._described.pop(pid, None)  # to the end: the order is the age
                     self._described[pid] = time.monotonic()
             if described is None:
                 self.unwinder.forget(pid)
-            heap.trim()
+            heap.trim_if_grown()

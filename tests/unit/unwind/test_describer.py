@@ -1,0 +1,41 @@
+"""The describer looks again at processes it described, oldest first and at a bounded rate: at
+thousands of processes, choosing the next one and the looks themselves stay cheap (issue 27)."""
+
+from __future__ import annotations
+
+import time
+
+from offcpu_exporter.unwind.describer import Describer
+
+
+class _Unwinder:
+    def __init__(self) -> None:
+        self.updates: list[tuple[float, int]] = []
+
+    def update(self, pid: int) -> list[object]:
+        self.updates.append((time.monotonic(), pid))
+        return []
+
+    def forget(self, pid: int) -> None:
+        pass
+
+
+def test_looks_again_oldest_first_at_a_bounded_rate() -> None:
+    unwinder = _Unwinder()
+    describer = Describer(unwinder, refresh_seconds=0.2, refresh_rate=50)  # type: ignore[arg-type]
+    describer.start()
+    try:
+        for pid in range(1, 2001):
+            describer.want(pid)
+        time.sleep(1.5)
+    finally:
+        describer.stop()
+    first_pass = [pid for _, pid in unwinder.updates[:2000]]
+    assert first_pass == list(range(1, 2001))  # new processes first, never held back by the rate
+    described_at = unwinder.updates[1999][0]
+    again = unwinder.updates[2000:]
+    assert again, "nothing was looked at again"
+    assert [pid for _, pid in again] == list(range(1, len(again) + 1)), "oldest first"
+    # At most 50 a second, after the first became due (0.2 s after it was described).
+    span = max(0.0, again[-1][0] - described_at)
+    assert len(again) <= 50 * span + 2
