@@ -606,11 +606,16 @@ class Aggregator:
             for i, n in enumerate(inc):
                 total[i] += n
 
-    def _read_hist(self) -> None:
+    def _read_hist(self) -> int:
+        """Returns how many entries the kernel's map holds (what map_sizes() would otherwise
+        count with a system call per entry)."""
+        entries = 0
         for tgid, slots in self.probe.read_hist().items():
+            entries += sum(1 for n in slots if n)
             holder = self.processes.latest(tgid)
             if holder is not None:
                 self._add_hist(holder.key, tgid, slots)
+        return entries
 
     # -- the snapshot ----------------------------------------------------------------------
 
@@ -634,7 +639,7 @@ class Aggregator:
             by_reason = per_process.setdefault(pkey, {})
             by_reason[reason] = by_reason.get(reason, ZERO) + total
 
-        self._read_hist()
+        hist_entries = self._read_hist()
         for pid in self.processes.watched_pids():
             info = self.processes.info(pid)
             if info is not None:
@@ -652,7 +657,7 @@ class Aggregator:
                                       blocked=MappingProxyType(off_cpu.get(pkey, {})),
                                       threads=MappingProxyType(threads.get(pkey, {})))
 
-        health = self._health(duration, counts=len(self._keys), start=len(blocked))
+        health = self._health(duration, counts=len(self._keys), start=len(blocked), hist=hist_entries)
         snapshot = Snapshot(
             sequence=self._sequence,
             time_ns=now_ns,
@@ -720,6 +725,7 @@ class Aggregator:
                 layout.MAP_START: stats[layout.STAT_START_DROPPED],
                 layout.MAP_HIST: stats[layout.STAT_HIST_DROPPED],
                 layout.MAP_STACKS: stats[layout.STAT_STACKS_DROPPED],
+                layout.MAP_PROC_EVENTS: stats[layout.STAT_PROC_EVENTS_DROPPED],
             }),
             dropped_ns=stats[layout.STAT_COUNTS_DROPPED_NS],
             clamped_ns=self.wall_bound.clamped_ns,

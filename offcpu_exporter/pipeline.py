@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 class Pipeline:
     def __init__(self, probe: KernelMaps, aggregator: Aggregator, processes: ProcessTable, *,
-                 flush_interval: float = 5.0, targets_interval: float = 1.0,
+                 flush_interval: float = 5.0, targets_interval: float = 1.0, resync_interval: float = 60.0,
                  history_seconds: float = 900.0, exclude: Sequence[int] = (),
                  unwind_tables: str = "auto") -> None:
         self.probe = probe
@@ -35,6 +35,10 @@ class Pipeline:
         self.processes = processes
         self.flush_interval = flush_interval
         self.targets_interval = targets_interval
+        # Between two rescans of /proc, targets follow the kernel's process events alone.
+        self.resync_interval = resync_interval
+        self._next_resync = 0.0
+        self._process_events_dropped = 0
         self.sinks: list[Sink] = []
         self._exclude = tuple(exclude)
         self._history: collections.deque[Snapshot] = collections.deque()
@@ -89,7 +93,7 @@ class Pipeline:
     def sync_targets(self) -> None:
         """Make the kernel filter map match the process table."""
         self._start_describer()
-        added, _ = self.processes.refresh()
+        added, _ = self.processes.refresh(changed=self._changed_processes())
         if added:
             log.info("watching %d new process(es): %s", len(added),
                      ", ".join(f"{p.comm}[{p.pid}]" for p in added[:10]))
@@ -117,6 +121,22 @@ class Pipeline:
         # then was off CPU all along.
         for pid, since_ns in to_seed:
             self.aggregator.in_progress.seed(pid, since_ns=since_ns)
+
+    def _changed_processes(self) -> set[int] | None:
+        """The processes the kernel reported changed since the last refresh, or None for a rescan
+        of /proc: the first time, every `resync_interval` (a write to another process's
+        /proc/PID/comm is not reported), and after the kernel's event map was full."""
+        events = self.probe.take_process_events()
+        now = time.monotonic()
+        dropped = self.probe.stats()[layout.STAT_PROC_EVENTS_DROPPED] if events is not None else 0
+        if events is None or dropped != self._process_events_dropped or now >= self._next_resync:
+            if dropped != self._process_events_dropped and self._next_resync:
+                log.warning("the kernel's process event map was full (%d events lost): rescanning /proc",
+                            dropped - self._process_events_dropped)
+            self._process_events_dropped = dropped
+            self._next_resync = now + self.resync_interval
+            return None
+        return set(events)
 
     def _apply(self, event: ProcessEvent) -> None:
         """The one place that acts on what happened to a process (ProcessTable reports it)."""
@@ -169,7 +189,7 @@ class Pipeline:
             self._flushes_started += 1
             number = self._flushes_started
         snapshot = self.aggregator.flush(final=final, until_ns=self._final_until_ns if final else None)
-        heap.trim()  # what the flush allocated for a moment (map reads, new symbols) goes back
+        heap.trim_if_grown()  # what the flush allocated for a moment (map reads, new symbols) goes back
         with self._lock:
             self._flushes_done = number
             self._latest = snapshot

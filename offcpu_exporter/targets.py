@@ -24,6 +24,7 @@ __all__ = ["Exec", "ProcessEvent", "ProcessTable", "Replaced", "TargetRules", "k
            "kubernetes_predicate", "parse_stat", "read_process"]
 
 log = logging.getLogger(__name__)
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class ProcessTable:
         self.proc_root = proc_root
         self.exclude = frozenset(exclude) | {0}
         self.enrich = enrich or (lambda info: info)
+        self._enriches = enrich is not None
         self._by_pid: dict[int, _Entry] = {}  # live processes
         self._exited: dict[ProcessKey, _Entry] = {}  # exited, kept for the grace period
         self._last_exited: dict[int, ProcessKey] = {}  # pid -> the most recent exited holder
@@ -169,43 +171,71 @@ class ProcessTable:
         )
         return selected and (r.predicate is None or r.predicate(info))
 
-    def refresh(self, now: float | None = None) -> tuple[list[ProcessInfo], list[ProcessInfo]]:
-        """Re-read /proc: (newly watched, newly exited)."""
+    def refresh(self, now: float | None = None, *,
+                changed: Collection[int] | None = None) -> tuple[list[ProcessInfo], list[ProcessInfo]]:
+        """Bring the table up to date: (newly watched, newly exited). `changed`: the only pids that
+        may have started, exec'd, exited or been renamed since the last refresh (the kernel reports
+        them: probe.take_process_events()), so only those are read; None: rescan /proc."""
         now = time.monotonic() if now is None else now
         added: list[ProcessInfo] = []
         exited: list[ProcessInfo] = []
-        for pid, entry in list(self._by_pid.items()):
-            current = read_process(pid, self.proc_root)
-            if current is None or current.key != entry.info.key:
-                exited.append(self._retire(pid, now))
-                if pid in self._pinned:
-                    log.warning("target pid %d exited", pid)
-            elif _program(current.exe) != _program(entry.info.exe) and current.exe and entry.info.exe:
-                # Same process (pid and start time survive execve), new program: new maps and
-                # names. The rules that matched it are not asked again (as for followed children).
-                cmdline = read_process(pid, self.proc_root, with_cmdline=True) if self._wants_cmdline else None
-                entry.info = replace(
-                    entry.info, comm=current.comm, exe=current.exe, cmdline=cmdline.cmdline if cmdline else ()
-                )
-                self._events.append(Exec(entry.info))
-            elif not entry.info.pod:
-                # Pod names arrive once the pod list has caught up with a new pod, and a process seen
-                # while its runtime was still moving it into the container's cgroup gets its container
-                # (offcpu_exporter/k8s; cheap when nothing changed).
-                entry.info = self.enrich(entry.info)
-        if self.rules.scans:
-            for name in os.listdir(self.proc_root):
-                if not name.isdigit() or int(name) in self._by_pid:
-                    continue
-                info = read_process(int(name), self.proc_root, with_cmdline=self._wants_cmdline)
-                if info is None:
-                    continue
-                info = self.enrich(info)
-                if self._matches(info):
-                    self._by_pid[info.pid] = _Entry(info, watched=True)
-                    added.append(info)
-                    self._note_reuse(info)
+        if changed is None:
+            for pid in list(self._by_pid):
+                self._recheck(pid, now, exited)
+            candidates: Iterable[int] = (int(name) for name in os.listdir(self.proc_root) if name.isdigit()) \
+                if self.rules.scans else ()
+        else:
+            for pid in changed:
+                if pid in self._by_pid:
+                    self._recheck(pid, now, exited)
+            candidates = changed if self.rules.scans else ()
+            # Pod names arrive once the pod list has caught up with a new pod, and a process seen
+            # while its runtime was still moving it into the container's cgroup gets its container.
+            for pid in [pid for pid, e in self._by_pid.items() if self._unsettled(e.info)]:
+                self._by_pid[pid].info = self.enrich(self._by_pid[pid].info)
+        for pid in candidates:
+            if pid not in self._by_pid:
+                self._consider(pid, added)
         return added, exited
+
+    def _recheck(self, pid: int, now: float, exited: list[ProcessInfo]) -> None:
+        """Whether a known process still lives, as the same program."""
+        entry = self._by_pid[pid]
+        current = read_process(pid, self.proc_root)
+        if current is None or current.key != entry.info.key:
+            exited.append(self._retire(pid, now))
+            if pid in self._pinned:
+                log.warning("target pid %d exited", pid)
+        elif _program(current.exe) != _program(entry.info.exe) and current.exe and entry.info.exe:
+            # Same process (pid and start time survive execve), new program: new maps and
+            # names. The rules that matched it are not asked again (as for followed children).
+            cmdline = read_process(pid, self.proc_root, with_cmdline=True) if self._wants_cmdline else None
+            entry.info = replace(
+                entry.info, comm=current.comm, exe=current.exe, cmdline=cmdline.cmdline if cmdline else ()
+            )
+            self._events.append(Exec(entry.info))
+        elif not entry.info.pod:
+            # (offcpu_exporter/k8s; cheap when nothing changed)
+            entry.info = self.enrich(entry.info)
+
+    def _consider(self, pid: int, added: list[ProcessInfo]) -> None:
+        """A process not in the table: watched from now on if the rules select it."""
+        info = read_process(pid, self.proc_root, with_cmdline=self._wants_cmdline)
+        if info is None:
+            return
+        info = self.enrich(info)
+        if self._matches(info):
+            self._by_pid[info.pid] = _Entry(info, watched=True)
+            added.append(info)
+            self._note_reuse(info)
+
+    def _unsettled(self, info: ProcessInfo) -> bool:
+        """Whether enrich() may still add to what it said of this process (see SETTLE_SECONDS)."""
+        if not self._enriches or info.pod:
+            return False
+        if info.container_id:
+            return True  # its pod's names are not listed yet
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - info.key.start_ticks / _TICKS < SETTLE_SECONDS
 
     def take_events(self) -> list[ProcessEvent]:
         """What happened to known processes since the last call (one consumer: the pipeline)."""

@@ -43,6 +43,7 @@ class MemoryMaps:
         self.attached_wall_ns = 0
         self.attached_ktime_ns = 0
         self.unwinder: Unwinder | None = None  # user stacks with frame pointers only
+        self.process_events: dict[int, int] | None = None
 
     def read_counts(self) -> list[tuple[CounterKey, CounterValue]]:
         return list(self.counts.items())
@@ -137,6 +138,12 @@ class MemoryMaps:
 
     def forget_child(self, tgid: int) -> None:
         pass
+
+    def take_process_events(self) -> dict[int, int] | None:
+        """None: tests on these maps change a fake /proc, which is rescanned at every refresh;
+        `process_events` set to a dict stands in for the kernel's reports instead."""
+        events, self.process_events = self.process_events, ({} if self.process_events is not None else None)
+        return events
 
     # -- the kernel's side, for tests of the protocols between the two -------------------------
 

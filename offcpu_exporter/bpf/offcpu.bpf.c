@@ -59,6 +59,10 @@
 BPF_ARRAY(targets, u8, MAX_PIDS);
 BPF_ARRAY(off_cpu, u8, MAX_PIDS);
 BPF_HASH(children, u32, struct offcpu_child, MAX_TARGETS);
+/* Processes that forked, exec'd, exited or were renamed since user space last drained this map
+ * (tgid -> OFFCPU_PROC_* bits): it looks at those instead of rescanning /proc for every process at
+ * every refresh (targets.py). Full: counted, and user space rescans /proc. */
+BPF_HASH(proc_events, u32, u32, MAX_PROC_EVENTS);
 BPF_HASH(start, u32, struct offcpu_start, MAX_THREADS);
 BPF_HASH(marks, u32, struct offcpu_mark, MAX_THREADS);
 BPF_HASH(counts, struct offcpu_key, struct offcpu_value, MAX_COUNTS);
@@ -80,6 +84,19 @@ static __always_inline void stat_add(int index, u64 n)
 	u64 *v = stats.lookup(&index);
 	if (v)
 		*v += n; /* per-CPU slot: no other writer */
+}
+
+/* Not atomic: two CPUs reporting on one process at once may lose a bit, not the entry; user space
+ * reads the process again whatever the bits say, and they are for its logs. */
+static __always_inline void note_process(u32 tgid, u32 event)
+{
+	u32 *bits = proc_events.lookup(&tgid);
+	if (bits) {
+		*bits |= event;
+		return;
+	}
+	if (proc_events.update(&tgid, &event) != 0)
+		stat_add(OFFCPU_STAT_PROC_EVENTS_DROPPED, 1);
 }
 
 static __always_inline int is_target(u32 tgid)
@@ -555,18 +572,20 @@ TRACEPOINT_PROBE(sched, sched_switch)
 }
 #endif
 
-#if FOLLOW_CHILDREN && !WATCH_ALL
-/* A child process of a watched process is watched from its first instruction: a /proc scan
- * would miss short-lived ones. task:task_newtask runs in the parent (current) before the child
- * can run, and its clone_flags tell new threads (same tgid, already covered) from processes. */
+/* task:task_newtask runs in the parent (current) before the child can run, and its clone_flags
+ * tell new threads (same tgid) from processes. */
 TRACEPOINT_PROBE(task, task_newtask)
 {
 	if (args->clone_flags & CLONE_THREAD)
 		return OFFCPU_KEEP_EVENT;
+	u32 child = args->pid;
+	note_process(child, OFFCPU_PROC_FORK);
+#if FOLLOW_CHILDREN && !WATCH_ALL
+	/* A child process of a watched process is watched from its first instruction: a /proc scan
+	 * would miss short-lived ones. */
 	u32 parent = bpf_get_current_pid_tgid() >> 32;
 	if (!is_target(parent))
 		return OFFCPU_KEEP_EVENT;
-	u32 child = args->pid;
 	u8 watch = OFFCPU_TARGET_WATCH;
 	struct offcpu_child c = {};
 	c.fork_boot_ns = bpf_ktime_get_boot_ns();
@@ -575,9 +594,26 @@ TRACEPOINT_PROBE(task, task_newtask)
 	/* children first: user space treats a target it did not add as stale unless it is a child. */
 	if (children.update(&child, &c) == 0)
 		targets.update(&child, &watch);
+#endif
 	return OFFCPU_KEEP_EVENT;
 }
-#endif
+
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+	note_process(bpf_get_current_pid_tgid() >> 32, OFFCPU_PROC_EXEC);
+	return OFFCPU_KEEP_EVENT;
+}
+
+/* The renamed task is current for prctl(PR_SET_NAME), the common way; a write to another task's
+ * /proc/PID/comm is seen by user space's periodic rescan. Only the group leader's comm is the
+ * process's (/proc/PID/comm, what --comm matches). */
+TRACEPOINT_PROBE(task, task_rename)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	if ((u32)id == (u32)(id >> 32))
+		note_process(id >> 32, OFFCPU_PROC_RENAME);
+	return OFFCPU_KEEP_EVENT;
+}
 
 #ifdef OFFCPU_ATTACH_RAW_TRACEPOINT
 /* TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int
@@ -632,6 +668,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	if (tid == tgid) {
 		u8 none = 0;
 		targets.update(&tgid, &none);
+		note_process(tgid, OFFCPU_PROC_EXIT);
 	}
 	return OFFCPU_KEEP_EVENT;
 }

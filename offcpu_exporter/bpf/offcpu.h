@@ -23,7 +23,8 @@
 #define OFFCPU_STAT_BLOCKS            8  /* blocks counted (switch-ins of watched threads) */
 #define OFFCPU_STAT_CAPTURES          9  /* blocks whose stacks were captured */
 #define OFFCPU_STAT_MISSED_SWITCH_INS 10 /* blocks whose switch-in went unreported */
-#define OFFCPU_STAT_MAX               11
+#define OFFCPU_STAT_PROC_EVENTS_DROPPED 11 /* process events not stored: `proc_events` full */
+#define OFFCPU_STAT_MAX               12
 
 /* Block-duration histogram: slot 0 is < 1 us, slot i (1..25) is [2^(i-1), 2^i) us,
  * slot 26 everything from 2^25 us (~33.5 s) on. */
@@ -120,6 +121,12 @@ struct offcpu_child {
 };
 
 /* Values of the `targets` map. */
+/* `proc_events` values: what happened to a process since user space last drained the map. */
+#define OFFCPU_PROC_FORK   1 /* a new process (not a thread) */
+#define OFFCPU_PROC_EXEC   2
+#define OFFCPU_PROC_EXIT   4 /* its group leader exited */
+#define OFFCPU_PROC_RENAME 8 /* its group leader changed its comm (prctl(PR_SET_NAME)) */
+
 #define OFFCPU_TARGET_WATCH   1
 #define OFFCPU_TARGET_EXCLUDE 2 /* with WATCH_ALL: everything but these */
 

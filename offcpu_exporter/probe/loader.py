@@ -8,9 +8,9 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets, struct_member_offsets
@@ -33,6 +33,7 @@ _BPF_STATS_RUN_TIME = 0
 _TABLE_MEMORY = 0  # unwind tables are not kept in memory once in the BPF maps (the disk cache has them)
 _ENOTSUPP = 524  # the kernel-internal "operation not supported" some map types return
 _PID_MAX_LIMIT = 1 << 22  # PID_MAX_LIMIT on 64-bit kernels
+_T = TypeVar("_T")
 
 
 class CounterKey(NamedTuple):
@@ -78,6 +79,7 @@ class ProbeConfig:
     min_block_ns: int = 0
     max_block_ns: int = _U64_MAX
     max_targets: int = 16384
+    max_proc_events: int = 16384  # processes with news between two refreshes of the targets
     max_threads: int = 65536
     max_counts: int = 65536
     stack_storage: int = 16384
@@ -112,6 +114,7 @@ class ProbeConfig:
             f"-DMIN_BLOCK_NS={self.min_block_ns}ULL",
             f"-DMAX_BLOCK_NS={self.max_block_ns}ULL",
             f"-DMAX_TARGETS={self.max_targets}",
+            f"-DMAX_PROC_EVENTS={self.max_proc_events}",
             f"-DMAX_PIDS={pid_max()}",
             f"-DMAX_THREADS={self.max_threads}",
             f"-DMAX_COUNTS={self.max_counts}",
@@ -137,11 +140,6 @@ def _import_bcc():  # type: ignore[no-untyped-def]
             "from a virtualenv made with --system-site-packages; PyPI's 'bcc' is an unrelated package"
         ) from e
     return bcc
-
-
-def _copy(kind: Any, item: Any) -> Any:
-    """An element of a ctypes array, detached from the array (whose buffer is reused)."""
-    return kind.from_buffer_copy(item) if isinstance(item, ctypes.Structure) else kind(item)
 
 
 def pid_max(path: str = "/proc/sys/kernel/pid_max") -> int:
@@ -340,27 +338,30 @@ class Probe:
         assert self._bpf is not None, "probe not started"
         return self._bpf[name.encode()]
 
-    def _lookup_batch(self, name: str) -> list[tuple[Any, Any]]:
-        """Every (key, value) of a hash map in a few BPF_MAP_LOOKUP_BATCH calls. Walking a hash
-        map with get_next_key while the kernel deletes entries restarts from the first bucket when
-        the current key is gone (htab_map_get_next_key()): entries are skipped or read twice.
-        The batch walk resumes from a bucket index instead. (bcc's items_lookup_batch passes one
-        variable as both the resume token and the count.)"""
+    def _lookup_batch(self, name: str, convert: Callable[[Any, Any], _T], *, delete: bool = False) -> list[_T]:
+        """Every entry of a hash map, `convert`ed from its (key, value), in a few BPF_MAP_LOOKUP_BATCH
+        calls (BPF_MAP_LOOKUP_AND_DELETE_BATCH with `delete`). Walking a hash map with get_next_key
+        while the kernel deletes entries restarts from the first bucket when the current key is gone
+        (htab_map_get_next_key()): entries are skipped or read twice. The batch walk resumes from a
+        bucket index instead. (bcc's items_lookup_batch passes one variable as both the resume token
+        and the count.) `convert` reads the buffers in place, before they are reused: no per-entry
+        copy (which was most of the cost of a read at thousands of processes); it gets keys and values
+        of plain integer types (u32, u64) as ints."""
         table = self._table(name)
         lib = self._lib
+        call = lib.bpf_lookup_and_delete_batch if delete else lib.bpf_lookup_batch
         size = max(64, min(table.max_entries, 4096))
         keys = (table.Key * size)()
         values = (table.Leaf * size)()
-        out: list[tuple[Any, Any]] = []
+        out: list[_T] = []
         token_in, token_out, count = ctypes.c_uint32(0), ctypes.c_uint32(0), ctypes.c_uint32(0)
         first = True
         while True:
             count.value = size
-            rc = lib.bpf_lookup_batch(table.map_fd, None if first else ctypes.byref(token_in),
-                                      ctypes.byref(token_out), ctypes.byref(keys), ctypes.byref(values),
-                                      ctypes.byref(count))
+            rc = call(table.map_fd, None if first else ctypes.byref(token_in), ctypes.byref(token_out),
+                      ctypes.byref(keys), ctypes.byref(values), ctypes.byref(count))
             err = ctypes.get_errno()
-            out.extend((_copy(table.Key, keys[i]), _copy(table.Leaf, values[i])) for i in range(count.value))
+            out.extend(map(convert, keys[: count.value], values[: count.value]))
             if rc != 0:
                 if err == errno.ENOENT:
                     return out  # the end of the map
@@ -369,7 +370,8 @@ class Probe:
                     size *= 4
                     keys, values = (table.Key * size)(), (table.Leaf * size)()
                     continue
-                raise OSError(err, f"BPF_MAP_LOOKUP_BATCH on {name}: {os.strerror(err)}")
+                raise OSError(err, f"BPF_MAP_LOOKUP{'_AND_DELETE' if delete else ''}_BATCH on {name}: "
+                                   f"{os.strerror(err)}")
             token_in.value = token_out.value
             first = False
 
@@ -409,6 +411,12 @@ class Probe:
             for k, v in self._table(layout.MAP_CHILDREN).items()
         }
 
+    def take_process_events(self) -> dict[int, int]:
+        """tgid -> layout.PROC_* bits of the processes that forked, exec'd, exited or were renamed
+        since the last call, deleted as they are read (BPF_MAP_LOOKUP_AND_DELETE_BATCH: an event
+        after an entry was taken makes a new entry, for the next call)."""
+        return dict(self._lookup_batch(layout.MAP_PROC_EVENTS, lambda tgid, bits: (tgid, bits), delete=True))
+
     def forget_child(self, tgid: int) -> None:
         table = self._table(layout.MAP_CHILDREN)
         with contextlib.suppress(KeyError):
@@ -417,9 +425,9 @@ class Probe:
     # -- counters --------------------------------------------------------------------------
 
     def read_counts(self) -> list[tuple[CounterKey, CounterValue]]:
-        return [(CounterKey(k.tgid, k.tid, k.reason, k.user_stack, k.kernel_stack),
-                 CounterValue(v.count, v.ns, v.wcount, v.wns))
-                for k, v in self._lookup_batch(layout.MAP_COUNTS)]
+        return self._lookup_batch(layout.MAP_COUNTS, lambda k, v: (
+            CounterKey(k.tgid, k.tid, k.reason, k.user_stack, k.kernel_stack),
+            CounterValue(v.count, v.ns, v.wcount, v.wns)))
 
     def take_counts(self, keys: Iterable[CounterKey]) -> dict[CounterKey, CounterValue]:
         """Delete these counters and return their values at the moment of deletion, so that an
@@ -499,8 +507,8 @@ class Probe:
 
     def read_starts(self) -> dict[int, StartEntry]:
         """tid -> the block it is in now."""
-        return {k.value: StartEntry(v.ts_ns, v.tgid, v.reason, v.user_stack, v.kernel_stack, v.weight)
-                for k, v in self._lookup_batch(layout.MAP_START)}
+        return dict(self._lookup_batch(layout.MAP_START, lambda tid, v: (
+            tid, StartEntry(v.ts_ns, v.tgid, v.reason, v.user_stack, v.kernel_stack, v.weight))))
 
     def seed_start(self, tid: int, entry: StartEntry) -> bool:
         """Store a block the probe did not see begin (the thread was off CPU before it was
@@ -541,18 +549,37 @@ class Probe:
         if marks and not self._marks_active:
             self._marks_active = True
             self._write_control()
-        table = self._table(layout.MAP_MARKS)
-        for tid, (start_ns, until_ns) in marks.items():
-            table[table.Key(tid)] = layout.OffcpuMark(start_ns, until_ns)
+        if not marks:
+            return
+        # One BPF_MAP_UPDATE_BATCH: a mark for every blocked thread at every flush.
+        keys = (ctypes.c_uint32 * len(marks))(*marks)
+        values = (layout.OffcpuMark * len(marks))(*(layout.OffcpuMark(a, b) for a, b in marks.values()))
+        count = ctypes.c_uint32(len(marks))
+        if self._lib.bpf_update_batch(self._table(layout.MAP_MARKS).map_fd, keys, values, ctypes.byref(count)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"BPF_MAP_UPDATE_BATCH on {layout.MAP_MARKS}: {os.strerror(err)}")
 
     def read_marks(self) -> dict[int, tuple[int, int]]:
-        return {k.value: (v.start_ns, v.until_ns) for k, v in self._lookup_batch(layout.MAP_MARKS)}
+        return dict(self._lookup_batch(layout.MAP_MARKS, lambda tid, v: (tid, (v.start_ns, v.until_ns))))
 
     def delete_marks(self, tids: Iterable[int]) -> None:
-        table = self._table(layout.MAP_MARKS)
-        for tid in tids:
-            with contextlib.suppress(KeyError):
-                del table[table.Key(tid)]
+        self._delete_batch(layout.MAP_MARKS, list(tids))
+
+    def _delete_batch(self, name: str, keys: Sequence[int]) -> None:
+        """Delete u32 `keys` from a hash map in BPF_MAP_DELETE_BATCH calls. The kernel stops at a
+        key that is not there (-ENOENT, `count` saying how many went before it): skip it, go on."""
+        fd = self._table(name).map_fd
+        raw = (ctypes.c_uint32 * len(keys))(*keys)
+        done = 0
+        while done < len(keys):
+            count = ctypes.c_uint32(len(keys) - done)
+            if self._lib.bpf_delete_batch(fd, ctypes.byref(raw, done * ctypes.sizeof(ctypes.c_uint32)),
+                                          ctypes.byref(count)) == 0:
+                return
+            err = ctypes.get_errno()
+            if err != errno.ENOENT:
+                raise OSError(err, f"BPF_MAP_DELETE_BATCH on {name}: {os.strerror(err)}")
+            done += count.value + 1
 
     def set_marks_active(self, active: bool) -> None:
         if active != self._marks_active:
@@ -578,10 +605,10 @@ class Probe:
     def read_hist(self) -> dict[int, list[int]]:
         """tgid -> cumulative block count per duration slot."""
         out: dict[int, list[int]] = {}
-        for k, v in self._lookup_batch(layout.MAP_HIST):
-            slots = out.setdefault(k.tgid, [0] * layout.HIST_SLOTS)
-            if 0 <= k.slot < layout.HIST_SLOTS:
-                slots[k.slot] += v.value
+        for tgid, slot, n in self._lookup_batch(layout.MAP_HIST, lambda k, n: (k.tgid, k.slot, n)):
+            slots = out.setdefault(tgid, [0] * layout.HIST_SLOTS)
+            if 0 <= slot < layout.HIST_SLOTS:
+                slots[slot] += n
         return out
 
     def take_hist(self, tgid: int) -> list[int]:

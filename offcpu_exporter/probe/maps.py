@@ -41,6 +41,10 @@ class KernelMaps(Protocol):
 
     def forget_child(self, tgid: int) -> None: ...
 
+    def take_process_events(self) -> dict[int, int] | None:
+        """tgid -> layout.PROC_* of processes that changed since the last call; None when these
+        maps have no such source (then /proc is rescanned at every refresh)."""
+
     # counters and stacks
     def read_counts(self) -> list[tuple[CounterKey, CounterValue]]: ...
 

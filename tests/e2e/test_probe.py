@@ -235,3 +235,34 @@ def test_the_probe_times_itself_when_asked() -> None:
         snap = p.flush_now(FLUSH_TIMEOUT)
     assert snap.health.probe_runs >= 40  # every context switch on the machine runs it
     assert 0 < snap.health.probe_run_ns / snap.health.probe_runs < 100_000
+
+
+def test_the_kernel_reports_process_starts_execs_renames_and_exits(probe: Probe) -> None:
+    """What the targets follow between rescans of /proc (issue 27): a new process, its exec, its
+    rename by prctl(PR_SET_NAME), and its exit, each reported under its tgid."""
+    import subprocess
+    import sys
+
+    from offcpu_exporter.probe import layout
+
+    probe.take_process_events()  # what happened before this test
+    renames = ("import ctypes, sys, threading; libc = ctypes.CDLL(None); libc.prctl(15, b'renamed', 0, 0, 0); "
+               "t = threading.Thread(target=sys.stdin.readline); t.start(); t.join()")
+    child = subprocess.Popen(["/bin/sh", "-c", f"exec {sys.executable} -c \"{renames}\""], stdin=subprocess.PIPE)
+    assert child.stdin is not None
+    deadline = time.monotonic() + 60
+    seen = 0
+    while time.monotonic() < deadline:
+        seen |= probe.take_process_events().get(child.pid, 0)
+        if seen & layout.PROC_RENAME:
+            break
+        time.sleep(0.05)
+    child.stdin.write(b"\n")
+    child.stdin.close()
+    child.wait()
+    time.sleep(0.1)
+    events = probe.take_process_events()
+    seen |= events.get(child.pid, 0)
+    assert seen == layout.PROC_FORK | layout.PROC_EXEC | layout.PROC_RENAME | layout.PROC_EXIT
+    assert events.get(child.pid, 0) & layout.PROC_EXIT
+    assert probe.stats()[layout.STAT_PROC_EVENTS_DROPPED] == 0

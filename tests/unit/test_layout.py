@@ -48,6 +48,12 @@ int main(void) {
   printf("const STAT_STACK_KEYS_FOLDED %d\\n", OFFCPU_STAT_STACK_KEYS_FOLDED);
   printf("const STAT_BLOCKS %d\\n", OFFCPU_STAT_BLOCKS);
   printf("const STAT_CAPTURES %d\\n", OFFCPU_STAT_CAPTURES);
+  printf("const STAT_MISSED_SWITCH_INS %d\\n", OFFCPU_STAT_MISSED_SWITCH_INS);
+  printf("const STAT_PROC_EVENTS_DROPPED %d\\n", OFFCPU_STAT_PROC_EVENTS_DROPPED);
+  printf("const PROC_FORK %d\\n", OFFCPU_PROC_FORK);
+  printf("const PROC_EXEC %d\\n", OFFCPU_PROC_EXEC);
+  printf("const PROC_EXIT %d\\n", OFFCPU_PROC_EXIT);
+  printf("const PROC_RENAME %d\\n", OFFCPU_PROC_RENAME);
   printf("const TARGET_WATCH %d\\n", OFFCPU_TARGET_WATCH);
   printf("const TARGET_EXCLUDE %d\\n", OFFCPU_TARGET_EXCLUDE);
   printf("reason RUNNABLE %d\\nreason SLEEPING %d\\nreason UNINTERRUPTIBLE %d\\nreason OTHER %d\\n",

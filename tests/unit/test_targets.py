@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from offcpu_exporter.targets import Exec, ProcessTable, Replaced, TargetRules, parse_stat
 
@@ -92,3 +95,46 @@ def test_a_reused_pid_is_reported_with_the_process_that_held_it(tmp_path: Path) 
     assert isinstance(replaced, Replaced)
     assert (replaced.old.start_ticks, replaced.new.key.start_ticks) == (100, 555)
     assert table.take_events() == []
+
+
+def test_between_rescans_only_the_processes_the_kernel_reported_are_read(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work proportional to what changed (issue 27): a refresh with the kernel's process events reads
+    those processes and no other, and still sees starts, exits, renames and reused pids."""
+    import offcpu_exporter.targets as targets
+
+    for pid in range(100, 300):
+        _proc(tmp_path, pid, "idle", 1)
+    _proc(tmp_path, 5, "worker", 1)
+    table = ProcessTable(TargetRules(comm=re.compile("^work")), proc_root=str(tmp_path))
+    added, _ = table.refresh()  # the first: a rescan
+    assert [p.pid for p in added] == [5]
+    reads: list[int] = []
+    real = targets.read_process
+
+    def counted(pid: int, *args: Any, **kwargs: Any) -> Any:
+        reads.append(pid)
+        return real(pid, *args, **kwargs)
+
+    monkeypatch.setattr(targets, "read_process", counted)
+
+    assert table.refresh(changed=set()) == ([], [])
+    assert reads == []
+
+    _proc(tmp_path, 8, "worker", 2)  # started
+    _proc(tmp_path, 150, "worker", 1)  # renamed
+    _proc(tmp_path, 9, "worker", 3)  # started, but not reported (yet)
+    added, _ = table.refresh(changed={8, 150})
+    assert sorted(p.pid for p in added) == [8, 150]
+    assert sorted(reads) == [8, 150]
+
+    reads.clear()
+    (tmp_path / "8" / "stat").unlink()  # exited
+    _proc(tmp_path, 5, "worker", 7)  # exited, and its pid taken by a new process
+    added, exited = table.refresh(now=0.0, changed={8, 5})
+    assert sorted(p.pid for p in exited) == [5, 8]
+    assert [(p.pid, p.key.start_ticks) for p in added] == [(5, 7)]
+    assert set(reads) == {5, 8}
+
+    added, _ = table.refresh()  # the periodic rescan finds what was not reported
+    assert [p.pid for p in added] == [9]
