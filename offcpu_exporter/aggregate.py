@@ -609,13 +609,12 @@ class Aggregator:
     def _read_hist(self) -> int:
         """Returns how many entries the kernel's map holds (what map_sizes() would otherwise
         count with a system call per entry)."""
-        entries = 0
-        for tgid, slots in self.probe.read_hist().items():
-            entries += sum(1 for n in slots if n)
+        hist = self.probe.read_hist()
+        for tgid, slots in hist.items():
             holder = self.processes.latest(tgid)
             if holder is not None:
                 self._add_hist(holder.key, tgid, slots)
-        return entries
+        return len(hist)
 
     # -- the snapshot ----------------------------------------------------------------------
 

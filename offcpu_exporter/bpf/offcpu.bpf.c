@@ -66,7 +66,8 @@ BPF_HASH(proc_events, u32, u32, MAX_PROC_EVENTS);
 BPF_HASH(start, u32, struct offcpu_start, MAX_THREADS);
 BPF_HASH(marks, u32, struct offcpu_mark, MAX_THREADS);
 BPF_HASH(counts, struct offcpu_key, struct offcpu_value, MAX_COUNTS);
-BPF_HASH(hist, struct offcpu_hist_key, u64, MAX_HIST);
+BPF_HASH(hist, u32, struct offcpu_hist, MAX_HIST);
+BPF_ARRAY(hist_zero, struct offcpu_hist, 1); /* never written: what a new `hist` entry starts from */
 BPF_HASH(stacks, u64, struct offcpu_stack, STACK_STORAGE);
 BPF_PERCPU_ARRAY(scratch, struct offcpu_stack, 1);
 BPF_ARRAY(control, struct offcpu_control, 1);
@@ -378,15 +379,14 @@ static __always_inline void switch_in(struct offcpu_start *s, u32 tid, u64 now, 
 	stat_add(OFFCPU_STAT_BLOCKS, 1);
 
 	u64 us = whole / 1000;
-	struct offcpu_hist_key hk = {};
-	hk.tgid = s->tgid;
-	hk.slot = us ? bpf_log2l(us) : 0;
-	if (hk.slot >= OFFCPU_HIST_SLOTS)
-		hk.slot = OFFCPU_HIST_SLOTS - 1;
-	u64 zero64 = 0;
-	u64 *c = hist.lookup_or_try_init(&hk, &zero64);
-	if (c)
-		__sync_fetch_and_add(c, 1);
+	u32 slot = us ? bpf_log2l(us) : 0;
+	if (slot >= OFFCPU_HIST_SLOTS)
+		slot = OFFCPU_HIST_SLOTS - 1;
+	u32 tgid = s->tgid, first = 0;
+	struct offcpu_hist *zero_hist = hist_zero.lookup(&first);
+	struct offcpu_hist *h = zero_hist ? hist.lookup_or_try_init(&tgid, zero_hist) : NULL;
+	if (h)
+		__sync_fetch_and_add(&h->slots[slot], 1);
 	else
 		stat_add(OFFCPU_STAT_HIST_DROPPED, 1);
 done:

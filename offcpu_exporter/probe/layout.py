@@ -113,8 +113,8 @@ class OffcpuCpuSampler(ctypes.Structure):
     _fields_ = (("window_start_ns", ctypes.c_uint64), ("captures", ctypes.c_uint32), ("shift", ctypes.c_uint32))
 
 
-class OffcpuHistKey(ctypes.Structure):
-    _fields_ = (("tgid", ctypes.c_uint32), ("slot", ctypes.c_uint32))
+class OffcpuHist(ctypes.Structure):
+    _fields_ = (("slots", ctypes.c_uint64 * HIST_SLOTS),)
 
 
 class OffcpuChild(ctypes.Structure):
@@ -136,5 +136,5 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "offcpu_stack": OffcpuStack,
     "offcpu_sampler": OffcpuSampler,
     "offcpu_cpu_sampler": OffcpuCpuSampler,
-    "offcpu_hist_key": OffcpuHistKey,
+    "offcpu_hist": OffcpuHist,
 }

@@ -83,7 +83,7 @@ class ProbeConfig:
     max_threads: int = 65536
     max_counts: int = 65536
     stack_storage: int = 16384
-    max_hist: int = 16384
+    max_hist: int = 16384  # processes with a histogram
     raw_tracepoint: bool | None = None  # tracepoint mode: raw when BTF allows (None), always, never
     # Stack captures: all of them (False), or a sample bounded per thread and per CPU (True).
     stack_sampling: bool = True
@@ -604,22 +604,14 @@ class Probe:
 
     def read_hist(self) -> dict[int, list[int]]:
         """tgid -> cumulative block count per duration slot."""
-        out: dict[int, list[int]] = {}
-        for tgid, slot, n in self._lookup_batch(layout.MAP_HIST, lambda k, n: (k.tgid, k.slot, n)):
-            slots = out.setdefault(tgid, [0] * layout.HIST_SLOTS)
-            if 0 <= slot < layout.HIST_SLOTS:
-                slots[slot] += n
-        return out
+        return dict(self._lookup_batch(layout.MAP_HIST, lambda tgid, v: (tgid, list(v.slots))))
 
     def take_hist(self, tgid: int) -> list[int]:
         """Delete a tgid's histogram and return it as it was at the moment of deletion."""
-        table = self._table(layout.MAP_HIST)
-        out = [0] * layout.HIST_SLOTS
-        value = ctypes.c_uint64(0)
-        for slot in range(layout.HIST_SLOTS):
-            if self._lookup_and_delete(table.map_fd, layout.OffcpuHistKey(tgid, slot), value):
-                out[slot] = value.value
-        return out
+        value = layout.OffcpuHist()
+        if self._lookup_and_delete(self._table(layout.MAP_HIST).map_fd, ctypes.c_uint32(tgid), value):
+            return list(value.slots)
+        return [0] * layout.HIST_SLOTS
 
     def stats(self) -> list[int]:
         table = self._table(layout.MAP_STATS)

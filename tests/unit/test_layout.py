@@ -27,7 +27,7 @@ int main(void) {
   S(offcpu_sampler) F(offcpu_sampler, window_start_ns) F(offcpu_sampler, switches) F(offcpu_sampler, shift)
   S(offcpu_cpu_sampler) F(offcpu_cpu_sampler, window_start_ns) F(offcpu_cpu_sampler, captures)
   F(offcpu_cpu_sampler, shift)
-  S(offcpu_hist_key) F(offcpu_hist_key, tgid) F(offcpu_hist_key, slot)
+  S(offcpu_hist) F(offcpu_hist, slots)
   S(offcpu_child) F(offcpu_child, fork_boot_ns) F(offcpu_child, parent_tgid) F(offcpu_child, comm)
   printf("const STAT_MAX %d\\n", OFFCPU_STAT_MAX);
   printf("const HIST_SLOTS %d\\n", OFFCPU_HIST_SLOTS);
