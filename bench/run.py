@@ -3,10 +3,11 @@
     PYTHONPATH=. .venv/bin/python bench/run.py --out bench/results.json --table bench/RESULTS.md [--quick]
 
 In order: scheduler overhead, where the probe's time goes (stack_cost), flush cost, steady state,
-steady RSS with Kubernetes metadata on and off (metadata_memory), then the symbolizer benchmark
+steady RSS with Kubernetes metadata on and off (metadata_memory), the cost as the node grows to
+10,000 processes (scale), then the symbolizer benchmark
 (bench/symbols_bench.py) and the /metrics load benchmark
 (bench/scrape_load.py) when they are present. Each is bounded in time; the whole run takes about
-9 minutes on the 2-core test machine (--quick: about 5). Needs root (BPF), gcc, bpftrace and
+12 minutes on the 2-core test machine (--quick: about 7), scale about 3 of them. Needs root (BPF), gcc, bpftrace and
 perf (scripts/setup --test installs them).
 """
 
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flush_cost
 import metadata_memory
+import scale
 import sched_overhead
 import stack_cost
 import steady_state
@@ -106,13 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(HERE / "results.json"))
     parser.add_argument("--table", default=str(HERE / "RESULTS.md"))
     parser.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (about 3 minutes)")
-    parser.add_argument("--only", help="comma-separated: sched,stacks,unwind,flush,steady,metadata,symbols,scrape")
+    parser.add_argument("--only",
+                        help="comma-separated: sched,stacks,unwind,flush,steady,metadata,scale,symbols,scrape")
     parser.add_argument("--peers-tree", type=Path, default=ROOT, metavar="DIR",
                         help="where symbols_bench.py or scrape_load.py are not in this checkout, take them (and "
                              "the code they test) from this one, e.g. a `git worktree` of their branch")
     options = parser.parse_args(argv)
     only = set(options.only.split(",")) if options.only else {"sched", "stacks", "unwind", "flush", "steady",
-                                                                      "metadata", "symbols", "scrape"}
+                                                                      "metadata", "scale", "symbols", "scrape"}
     q = options.quick
     results: list[Result] = []
     started = time.monotonic()
@@ -126,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                                              rate=10_000)),
         ("steady", lambda: steady_state.measure(duration=20 if q else 60, warmup=12, rate=100_000, stacks=1000)),
         ("metadata", lambda: metadata_memory.measure(pods=110, duration=20 if q else 30, warmup=30 if q else 60)),
+        ("scale", lambda: scale.measure(scale.PROCESSES, rate=scale.RATE, duration=10 if q else 20,
+                                        warmup=15 if q else 20)),
         ("symbols", lambda: symbols(q, options.peers_tree)),
         ("scrape", lambda: scrape_load(q, options.peers_tree)),
     ]
