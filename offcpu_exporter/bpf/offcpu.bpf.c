@@ -385,10 +385,14 @@ static __always_inline void switch_in(struct offcpu_start *s, u32 tid, u64 now, 
 	u32 tgid = s->tgid, first = 0;
 	struct offcpu_hist *zero_hist = hist_zero.lookup(&first);
 	struct offcpu_hist *h = zero_hist ? hist.lookup_or_try_init(&tgid, zero_hist) : NULL;
-	if (h)
-		__sync_fetch_and_add(&h->slots[slot], 1);
-	else
+	if (h) {
+		/* Opaque to the compiler, which would otherwise drop the mask as redundant with the
+		 * clamp above (libbpf's barrier_var()). */
+		asm volatile("" : "+r"(slot));
+		__sync_fetch_and_add(&h->slots[slot & (OFFCPU_HIST_ROOM - 1)], 1);
+	} else {
 		stat_add(OFFCPU_STAT_HIST_DROPPED, 1);
+	}
 done:
 	start.delete(&tid);
 	mark_off_cpu(tid, 0);

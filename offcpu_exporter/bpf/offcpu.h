@@ -132,8 +132,11 @@ struct offcpu_child {
 
 /* `hist` value, per process: one entry whatever the spread of its blocks' lengths (an entry per
  * (process, slot) filled a 16,384-entry map at ~2,000 real processes). */
+#define OFFCPU_HIST_ROOM 32 /* slots[] has room for any index masked with 31: older verifiers lose a
+                             * compare's bounds across the helper calls between it and the access
+                             * (6.1: "R0 unbounded memory access"), not a mask's */
 struct offcpu_hist {
-	__u64 slots[OFFCPU_HIST_SLOTS];
+	__u64 slots[OFFCPU_HIST_ROOM]; /* the first OFFCPU_HIST_SLOTS are used */
 };
 
 #endif

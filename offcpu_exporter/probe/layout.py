@@ -42,6 +42,7 @@ STAT_PROC_EVENTS_DROPPED = 11
 STAT_MAX = 12
 
 HIST_SLOTS = 27
+HIST_ROOM = 32
 
 STACK_NOT_CAPTURED = 0
 STACK_EMPTY = 1
@@ -114,7 +115,7 @@ class OffcpuCpuSampler(ctypes.Structure):
 
 
 class OffcpuHist(ctypes.Structure):
-    _fields_ = (("slots", ctypes.c_uint64 * HIST_SLOTS),)
+    _fields_ = (("slots", ctypes.c_uint64 * HIST_ROOM),)  # the first HIST_SLOTS are used
 
 
 class OffcpuChild(ctypes.Structure):

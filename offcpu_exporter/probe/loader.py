@@ -604,13 +604,13 @@ class Probe:
 
     def read_hist(self) -> dict[int, list[int]]:
         """tgid -> cumulative block count per duration slot."""
-        return dict(self._lookup_batch(layout.MAP_HIST, lambda tgid, v: (tgid, list(v.slots))))
+        return dict(self._lookup_batch(layout.MAP_HIST, lambda tgid, v: (tgid, v.slots[: layout.HIST_SLOTS])))
 
     def take_hist(self, tgid: int) -> list[int]:
         """Delete a tgid's histogram and return it as it was at the moment of deletion."""
         value = layout.OffcpuHist()
         if self._lookup_and_delete(self._table(layout.MAP_HIST).map_fd, ctypes.c_uint32(tgid), value):
-            return list(value.slots)
+            return value.slots[: layout.HIST_SLOTS]
         return [0] * layout.HIST_SLOTS
 
     def stats(self) -> list[int]:

@@ -31,6 +31,7 @@ int main(void) {
   S(offcpu_child) F(offcpu_child, fork_boot_ns) F(offcpu_child, parent_tgid) F(offcpu_child, comm)
   printf("const STAT_MAX %d\\n", OFFCPU_STAT_MAX);
   printf("const HIST_SLOTS %d\\n", OFFCPU_HIST_SLOTS);
+  printf("const HIST_ROOM %d\\n", OFFCPU_HIST_ROOM);
   printf("const MAX_DEPTH %d\\n", OFFCPU_MAX_DEPTH);
   printf("const STACK_NOT_CAPTURED %d\\n", OFFCPU_STACK_NOT_CAPTURED);
   printf("const STACK_EMPTY %d\\n", OFFCPU_STACK_EMPTY);
