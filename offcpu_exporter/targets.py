@@ -54,12 +54,18 @@ class TargetRules:
 
 
 def read_process(pid: int, proc_root: str = "/proc", *, with_cmdline: bool = False) -> ProcessInfo | None:
-    """The process's identity now, or None if it does not exist (or is not a process but a thread)."""
+    """The process's identity now, or None if it does not exist (or is not a process but a thread,
+    or has exited)."""
     base = f"{proc_root}/{pid}"
     try:
         with open(f"{base}/stat", encoding="utf-8", errors="replace") as f:
-            comm, _, start = parse_stat(f.read())
+            text = f.read()
+        comm, _, start = parse_stat(text)
     except (OSError, ValueError, IndexError):
+        return None
+    if text[text.rfind(")") + 2 :][:1] in ("Z", "X"):
+        # Exited, not yet reaped by its parent. The kernel reports the exit before the reaping and
+        # nothing after it: taken for alive, it would stay watched until the next rescan.
         return None
     try:
         exe = os.readlink(f"{base}/exe")

@@ -138,3 +138,15 @@ def test_between_rescans_only_the_processes_the_kernel_reported_are_read(tmp_pat
 
     added, _ = table.refresh()  # the periodic rescan finds what was not reported
     assert [p.pid for p in added] == [9]
+
+
+def test_a_reported_exit_retires_a_process_its_parent_has_not_reaped(tmp_path: Path) -> None:
+    """The kernel reports the exit before the parent reaps the zombie, and nothing after: a zombie
+    is gone (else it stays watched until the next rescan, and its series never age out)."""
+    _proc(tmp_path, 5, "worker", 1)
+    table = ProcessTable(TargetRules(comm=re.compile("^work")), proc_root=str(tmp_path))
+    table.refresh()
+    stat = tmp_path / "5" / "stat"
+    stat.write_text(stat.read_text().replace(") S ", ") Z "))
+    _, exited = table.refresh(now=0.0, changed={5})
+    assert [p.pid for p in exited] == [5]
