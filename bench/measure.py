@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -150,3 +151,19 @@ def write_outputs(results: Sequence[Result], out: str | None, table: str | None,
                                          "results": [r.to_json() for r in results]}, indent=2) + "\n")
     if table:
         Path(table).write_text(text)
+
+
+def stop_exporter(exporter: subprocess.Popen[Any]) -> dict[str, Any]:
+    """SIGTERM (it flushes once more on the way out), SIGKILL after 60 s; how long it took."""
+    start = time.monotonic()
+    killed = False
+    if exporter.poll() is None:
+        exporter.send_signal(signal.SIGTERM)
+        try:
+            exporter.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            exporter.kill()
+            exporter.wait()
+            killed = True
+    return {"exporter_stop_seconds": time.monotonic() - start, "exporter_returncode": exporter.returncode,
+            "exporter_killed": killed}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure import ROOT, Result, Row, Stopwatch, shared, status_kib, summary, write_outputs
+from measure import ROOT, Result, Row, Stopwatch, shared, status_kib, stop_exporter, summary, write_outputs
 
 from testkit.exporter import free_port
 from testkit.kubernetes_api import FakeApi, pod
@@ -62,13 +61,7 @@ def steady_rss(args: list[str], env: dict[str, str], duration: float, warmup: fl
                    "rss_file_kib": status_kib(exporter.pid, "RssFile"), "vm_hwm_kib": status_kib(exporter.pid, "VmHWM"),
                    "log": log.name}
     finally:
-        if exporter.poll() is None:
-            exporter.send_signal(signal.SIGTERM)
-            try:
-                exporter.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                exporter.kill()
-                exporter.wait()
+        stop_exporter(exporter)
         log.close()
     return figures
 

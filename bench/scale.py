@@ -56,7 +56,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure import ROOT, WORKLOADS, Result, Row, Stopwatch, build_c, cpu_seconds, shared, status_kib, write_outputs
+from measure import (
+    ROOT,
+    WORKLOADS,
+    Result,
+    Row,
+    Stopwatch,
+    build_c,
+    cpu_seconds,
+    shared,
+    status_kib,
+    stop_exporter,
+    write_outputs,
+)
 
 from testkit.exporter import free_port
 
@@ -209,22 +221,6 @@ def self_metrics(body: bytes) -> dict[str, float]:
             with contextlib.suppress(ValueError):
                 out[series] = float(value)
     return out
-
-
-def stop_exporter(exporter: subprocess.Popen[bytes]) -> dict[str, Any]:
-    """SIGTERM (it flushes once more on the way out), SIGKILL after 60 s."""
-    start = time.monotonic()
-    killed = False
-    if exporter.poll() is None:
-        exporter.send_signal(signal.SIGTERM)
-        try:
-            exporter.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            exporter.kill()
-            exporter.wait()
-            killed = True
-    return {"exporter_stop_seconds": time.monotonic() - start, "exporter_returncode": exporter.returncode,
-            "exporter_killed": killed}
 
 
 def log_problems(path: str) -> list[str]:

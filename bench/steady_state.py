@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flush_cost import generate_source
-from measure import ROOT, Result, Row, Stopwatch, build_c, cpu_seconds, shared, status_kib, write_outputs
+from measure import ROOT, Result, Row, Stopwatch, build_c, cpu_seconds, shared, status_kib, stop_exporter, write_outputs
 
 SCRAPE_INTERVAL = 15.0
 
@@ -114,13 +113,7 @@ def measure(duration: float, warmup: float, rate: float, stacks: int, otlp: bool
         rss_anon = status_kib(exporter.pid, "RssAnon")
         rss_file = status_kib(exporter.pid, "RssFile")
     finally:
-        if exporter.poll() is None:
-            exporter.send_signal(signal.SIGTERM)
-            try:
-                exporter.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                exporter.kill()
-                exporter.wait()
+        stop_exporter(exporter)
         workload.kill()
         workload.wait()
         log.close()
