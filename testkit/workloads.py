@@ -48,6 +48,7 @@ class ThreadResult:
     blocks: int = 0  # calls that had to wait: each left the CPU once (a pipe byte already there does not)
     runq_ns: int = 0
     switches: int = 0  # times switched in between the two schedstat reads (schedstat field 3)
+    opened_ns: int = 0  # CLOCK_MONOTONIC when its measured window opened, right before its first block
     hist: list[int] = field(default_factory=list)  # blocking calls per duration slot (sleep mode), as offcpu.h
     name: str = ""  # the thread's name, where the workload sets one (wait_sites.c)
 
@@ -60,6 +61,7 @@ class WorkloadResult:
     interval_ms: int
     wall_ns: int
     threads: list[ThreadResult]
+    joined_ns: int = 0  # CLOCK_MONOTONIC when the main thread went to join its threads
 
     @property
     def blocked_ns(self) -> int:

@@ -90,25 +90,30 @@ def test_a_long_block_is_counted_while_it_lasts_and_once(probe: Probe) -> None:
           running_pipeline(pids=(w.pid,), probe=probe, flush_interval=0.5) as p):
         p.flush_now(FLUSH_TIMEOUT)  # the first flush loads symbols: slow under emulation
         w.go()
-        went = time.time_ns()
         time.sleep(block_ms / 2000)
         during = p.flush_now(FLUSH_TIMEOUT)
-        elapsed = (during.time_ns - went) / 1e9  # the flush counts up to its own time
-        assert elapsed < block_ms / 1000 * 0.8, "the flush came too late to see the block in progress"
+        # The snapshot's time is the moment its figures count up to, on the wall clock; the
+        # workload times its blocks on CLOCK_MONOTONIC (the probe's clock).
+        at = during.time_ns - (time.time_ns() - ktime_ns())
         result = w.wait()
         time.sleep(0.1)
         after = p.flush_now(FLUSH_TIMEOUT)
+    # The blocks' starts are the workload's own clock reads right before them, not the moment the
+    # test said go: under emulation the workload may wait half a second for a CPU before it starts.
+    thread = result.threads[0]
+    sleeping_s = (at - thread.opened_ns) / 1e9  # the sleeper's block so far
+    joining_s = (at - result.joined_ns) / 1e9  # the main thread's, joining it
+    assert 0 < sleeping_s < block_ms / 1000 * 0.8, "the flush came too late to see the block in progress"
     # Halfway: the sleeper and the main thread (joining it) are off CPU, and counted so far.
     threads, longest = _sleeping(during, w.pid)
-    assert threads >= 2 and longest == pytest.approx(elapsed, rel=TIME, abs=0.05)
+    assert threads >= 2 and longest == pytest.approx(max(sleeping_s, joining_s), rel=TIME, abs=0.05)
     process = next(v for k, v in during.processes.items() if k.pid == w.pid)
     so_far = process.by_reason.get(Reason.SLEEPING, ZERO)
-    assert so_far.seconds >= 2 * elapsed * (1 - TIME)  # both threads' time up to the flush
+    assert so_far.seconds >= (sleeping_s + joining_s) * (1 - TIME)  # both threads' time up to the flush
     if ATTACH != "kprobe":  # stacks captured at switch-out: the block's own stack has its time
         named = [s for s in during.samples if any(f.name == "offcpu_sleep_ms" for f in s.stack.user)]
-        assert sum(s.total.seconds for s in named) == pytest.approx(elapsed, rel=TIME, abs=0.05)
+        assert sum(s.total.seconds for s in named) == pytest.approx(sleeping_s, rel=TIME, abs=0.05)
     # Once it ended: its whole time, once, in one block.
-    thread = result.threads[0]
     sleeper = _of_thread(after, thread.tid)
     marks = [s for s in after.samples if s.tid == thread.tid
              and any(f.name == "offcpu_window_mark" for f in s.stack.user)]

@@ -398,7 +398,7 @@ int main(int argc, char **argv)
 		if (!fgets(line, sizeof(line), stdin))
 			return 1;
 	}
-	uint64_t t0 = now_ns();
+	uint64_t t0 = now_ns(), joined = 0;
 	int n = threads;
 	if (!strcmp(mode, "child")) {
 		n = 1;
@@ -429,12 +429,14 @@ int main(int argc, char **argv)
 				if (write(pipe_fds[1], "q", 1) != 1)
 					return 1;
 		}
+		joined = now_ns();
 		for (int i = 0; i < n; i++)
 			pthread_join(tids[i], NULL);
 	}
 	uint64_t t1 = now_ns();
 	printf("{\"pid\": %d, \"mode\": \"%s\", \"iterations\": %d, \"interval_ms\": %d, \"wall_ns\": %llu, "
-	       "\"threads\": [", getpid(), mode, iterations, interval_ms, (unsigned long long)(t1 - t0));
+	       "\"joined_ns\": %llu, \"threads\": [", getpid(), mode, iterations, interval_ms,
+	       (unsigned long long)(t1 - t0), (unsigned long long)joined);
 	for (int i = 0; i < n; i++) {
 		struct thread_result *r = &results[i];
 		printf("%s{\"hist\": [", i ? ", " : "");
@@ -442,13 +444,13 @@ int main(int argc, char **argv)
 			printf("%s%llu", h ? ", " : "", (unsigned long long)r->hist[h]);
 		printf("], \"tid\": %ld, \"function\": \"%s\", \"blocked_ns\": %llu, \"calls\": %llu, "
 		       "\"blocks\": %llu, \"blocked_off_ns\": %llu, "
-		       "\"wall_ns\": %llu, \"oncpu_ns\": %llu, \"runq_ns\": %llu, \"switches\": %llu}",
+		       "\"wall_ns\": %llu, \"oncpu_ns\": %llu, \"runq_ns\": %llu, \"switches\": %llu, \"opened_ns\": %llu}",
 		       r->tid, r->function, (unsigned long long)r->blocked_ns,
 		       (unsigned long long)r->calls, (unsigned long long)r->blocks,
 		       (unsigned long long)(r->blocked_off_ns ? r->blocked_off_ns : r->blocked_ns), (unsigned long long)(r->end_ns - r->start_ns),
 		       (unsigned long long)(r->oncpu_end_ns - r->oncpu_start_ns),
 		       (unsigned long long)(r->runq_end_ns - r->runq_start_ns),
-		       (unsigned long long)(r->slices_end - r->slices_start));
+		       (unsigned long long)(r->slices_end - r->slices_start), (unsigned long long)r->start_ns);
 	}
 	printf("]}\n");
 	fflush(stdout);
