@@ -84,7 +84,7 @@ class InProgress:
         marks = {tid: (b.ts_ns, at_ns) for tid, b in eligible.items()}
         probe.write_marks(marks)
         after = probe.read_starts()
-        ended = [tid for tid, mark in marks.items() if (b := after.get(tid)) is None or b.ts_ns != mark[0]]
+        ended = {tid for tid, mark in marks.items() if (b := after.get(tid)) is None or b.ts_ns != mark[0]}
         left = probe.read_marks() if ended else {}
         stale = []
         credits = []
