@@ -15,6 +15,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.symbols.debuginfo import DEFAULT_DEBUG_DIRS
 from offcpu_exporter.symbols.elf import ElfInfo
 from offcpu_exporter.symbols.mapped import FileKey, MappedFile, open_mapped_file
@@ -96,6 +97,8 @@ class Unwinder:
         self._processes: dict[int, _Process] = {}
         self._lock = threading.Lock()
         self.no_space = 0  # tables or processes that did not fit in the maps (walked with frame pointers)
+        self._written: set[int] = set()  # processes whose mappings are in the maps
+        self._no_room_log = RateLimitedLog(log)  # a full process map refuses every new process alike
         self.truncated = 0  # processes with more than UNWIND_MAX_MAPPINGS objects with tables
 
     def update(self, pid: int) -> list[MappingUnwind] | None:
@@ -132,6 +135,7 @@ class Unwinder:
                 return
             if self._maps is not None:
                 self._maps.delete_process(pid)
+            self._written.discard(pid)
             self._release(pid, known.keys)
 
     @property
@@ -145,9 +149,9 @@ class Unwinder:
 
     @property
     def processes(self) -> int:
-        """Processes described now (with tables in the maps). Read without the lock (a dict's
-        length is one atomic read): the flush reads it, and must never wait for a table."""
-        return len(self._processes)
+        """Processes with tables in the maps now (described, without maps). Read without the lock
+        (a set's length is one atomic read): the flush reads it, and must never wait for a table."""
+        return len(self._written) if self._maps is not None else len(self._processes)
 
     def describe(self, pid: int) -> list[MappingUnwind]:
         with self._lock:
@@ -198,7 +202,11 @@ class Unwinder:
                 self._maps.set_process(pid, process)
             except Exception as exc:  # bcc raises a bare Exception: the map is full (E2BIG)
                 self.no_space += 1
-                log.warning("process %d: unwind tables not written (%s): frame pointers for it", pid, exc)
+                self._written.discard(pid)
+                self._no_room_log.log(logging.WARNING, "unwind tables of a process not written (%s; %d processes "
+                                      "have them): frame pointers for it", exc, len(self._written))
+            else:
+                self._written.add(pid)
         if known is not None:
             self._release(pid, known.keys - keys)
         self._processes[pid] = _Process(mappings, keys, described, complete)

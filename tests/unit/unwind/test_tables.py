@@ -4,6 +4,7 @@ kernel."""
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import struct
@@ -12,6 +13,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from offcpu_exporter.doctor import describe_stacks
 from offcpu_exporter.unwind import TableCache, Unwinder, build, layout
@@ -98,8 +101,8 @@ def test_describes_what_each_mapping_relies_on() -> None:
 class _SmallMaps:
     """Unwind maps with room for `max_rows` rows: what a full map looks like to the Unwinder."""
 
-    def __init__(self, max_rows: int) -> None:
-        self.max_rows, self.max_pages, self.max_processes = max_rows, 1 << 16, 64
+    def __init__(self, max_rows: int, max_processes: int = 64) -> None:
+        self.max_rows, self.max_pages, self.max_processes = max_rows, 1 << 16, max_processes
         self.rows: dict[int, bytes] = {}
         self.processes: dict[int, layout.UnwindProcess] = {}
 
@@ -110,6 +113,8 @@ class _SmallMaps:
         pass
 
     def set_process(self, tgid: int, process: layout.UnwindProcess) -> None:
+        if tgid not in self.processes and len(self.processes) >= self.max_processes:
+            raise Exception("Could not update table: [Errno 7] Argument list too long")  # as bcc's
         self.processes[tgid] = process
 
     def delete_process(self, tgid: int) -> None:
@@ -139,6 +144,29 @@ def test_a_table_without_room_in_the_maps_is_not_kept_in_memory(tmp_path: Path) 
     assert unwinder.no_space >= 1
     assert maps.rows, "the smaller objects' tables were placed"
     assert unwinder.table_bytes_held == 0
+
+
+def test_processes_beyond_the_process_map_are_counted_and_logged_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Thousands of processes past the map's room (a node of 10,000 processes) are each counted as
+    walked with frame pointers, in one log line, not one per process; the gauge counts only the
+    processes whose tables the BPF walk can use."""
+    maps = _SmallMaps(1 << 20, max_processes=1)
+    unwinder = Unwinder(maps, cache=TableCache(str(tmp_path), memory_bytes=0))  # type: ignore[arg-type]
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    try:
+        with caplog.at_level(logging.WARNING, logger="offcpu_exporter.unwind.unwinder"):
+            for p in sleepers:
+                assert unwinder.update(p.pid) is not None
+        assert unwinder.processes == 1 and list(maps.processes) == [sleepers[0].pid]
+        assert unwinder.no_space == 2
+        assert len([r for r in caplog.records if "not written" in r.getMessage()]) == 1
+        unwinder.forget(sleepers[0].pid)
+        assert unwinder.processes == 0
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
 
 
 def test_building_a_table_never_holds_up_the_flush() -> None:
