@@ -137,6 +137,12 @@ _REASONS = {r.value: r for r in Reason}  # a dict lookup; Reason(value) is a slo
 # named when they were read. Most such stacks only end in the stray address of a frame-pointer walk
 # through code built without frame pointers; they are given up on after a while.
 _UNRESOLVED_WINDOW_SECONDS = 30.0
+# Each process's maps are re-read for this at most at 1, 2, 4, 8, 16 s intervals, and for at most
+# this many processes per flush (the longest waiting first): thousands of processes starting at
+# once (a node's pods scheduled, the exporter restarted) do not make each flush read thousands of
+# /proc/PID/maps.
+_RETRY_FIRST_SECONDS = 1.0
+_RETRY_BUDGET = 64
 # Freed stacks' addresses are kept this many flushes: a counter the kernel created while the stack
 # was being freed still names them (stack ids are content hashes: an id always means the same frames).
 _FREED_KEPT_FLUSHES = 3
@@ -158,7 +164,7 @@ _GroupKey = tuple[int, int, int]  # (tgid, tid, reason)
 _StackIds = tuple[int, int]  # (user stack id, kernel stack id)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Group:
     """One thread's (or process's) blocks for one reason in one flush: the exact increase and the
     weighted increase of each stack."""
@@ -168,9 +174,12 @@ class _Group:
     stacks: dict[_StackIds, list[int]] = field(default_factory=dict)  # ids -> [weighted blocks, weighted ns]
 
     def weigh(self, ids: _StackIds, blocks: int, ns: int) -> None:
-        w = self.stacks.setdefault(ids, [0, 0])
-        w[0] += blocks
-        w[1] += ns
+        w = self.stacks.get(ids)
+        if w is None:
+            self.stacks[ids] = [blocks, ns]
+        else:
+            w[0] += blocks
+            w[1] += ns
 
 
 @dataclass(frozen=True)
@@ -205,6 +214,7 @@ class Aggregator:
         self._freed: dict[int, tuple[tuple[int, ...], int]] = {}  # id -> (addresses, flush freed at)
         # (pid, user stack id) -> (symbolizer generation it was named at, give up after)
         self._unresolved: dict[tuple[int, int], tuple[int, float]] = {}
+        self._retry_due: dict[int, tuple[float, float]] = {}  # pid -> (next re-read, the delay after it)
         # (symbol pid, user stack id, kernel stack id) -> the Stack made of the two cached halves:
         # the same object (and its cached hash) every flush, instead of a new one per changed key.
         self._stacks: dict[tuple[int, int, int], Stack] = {}
@@ -288,13 +298,16 @@ class Aggregator:
     def _diff(self, rows: list[tuple[CounterKey, CounterValue]]) -> list[tuple[CounterKey, CounterValue]]:
         changed: list[tuple[CounterKey, CounterValue]] = []
         unchanged: list[CounterKey] = []
-        seen: set[CounterKey] = set()
+        known = self._keys
         for key, value in rows:
-            seen.add(key)
-            state = self._keys.get(key)
+            state = known.get(key)
             if state is None:
-                self._keys[key] = state = _KeyState(value)
+                known[key] = state = _KeyState(value)
                 inc = value
+            elif value == state.value:  # most keys at a flush (compared in C, no increase built)
+                state.idle += 1
+                unchanged.append(key)
+                continue
             else:
                 inc = increase(value, state.value)
                 state.value = value
@@ -304,9 +317,11 @@ class Aggregator:
             else:
                 state.idle += 1
                 unchanged.append(key)
-        # Keys we knew that the kernel no longer has (deleted behind our back): forget them.
-        for key in [k for k in self._keys if k not in seen]:
-            del self._keys[key]
+        if len(known) > len(rows):
+            # Keys we knew that the kernel no longer has (deleted behind our back): forget them.
+            seen = {key for key, _ in rows}
+            for key in [k for k in known if k not in seen]:
+                del known[key]
         changed.extend(self._drain(len(rows), [k for k, _ in rows], unchanged))
         return changed
 
@@ -341,20 +356,27 @@ class Aggregator:
 
     @staticmethod
     def _add_row(groups: dict[_GroupKey, _Group], key: CounterKey, inc: CounterValue) -> None:
-        group = groups.setdefault((key.tgid, key.tid, key.reason), _Group())
-        group.blocks += inc.blocks
-        group.ns += inc.ns
-        if key.user_stack or key.kernel_stack:
-            group.weigh((key.user_stack, key.kernel_stack), inc.weighted_blocks, inc.weighted_ns)
-        elif inc.weighted_blocks or inc.weighted_ns:
+        tgid, tid, reason, user_stack, kernel_stack = key
+        blocks, ns, weighted_blocks, weighted_ns = inc
+        group = groups.get((tgid, tid, reason))
+        if group is None:
+            group = groups[(tgid, tid, reason)] = _Group()
+        group.blocks += blocks
+        group.ns += ns
+        if user_stack or kernel_stack:
+            group.weigh((user_stack, kernel_stack), weighted_blocks, weighted_ns)
+        elif weighted_blocks or weighted_ns:
             # Captured blocks whose own counter could not be created (the map was full).
-            group.weigh(_FOLDED, inc.weighted_blocks, inc.weighted_ns)
+            group.weigh(_FOLDED, weighted_blocks, weighted_ns)
 
     def _add_credits(self, groups: dict[_GroupKey, _Group], credits: list[Credit]) -> None:
         kprobe = self.probe.mode == "kprobe"
         for credit in credits:
             block = credit.block
-            group = groups.setdefault(self._group_key(block.tgid, credit.tid, block.reason), _Group())
+            gkey = self._group_key(block.tgid, credit.tid, block.reason)
+            group = groups.get(gkey)
+            if group is None:
+                group = groups[gkey] = _Group()
             group.ns += credit.ns
             if block.weight and block.user_stack:
                 group.weigh((block.user_stack, block.kernel_stack), 0, credit.ns * block.weight)
@@ -543,12 +565,26 @@ class Aggregator:
 
     def _retry_unresolved(self) -> None:
         if not self._unresolved:
+            self._retry_due.clear()
             return
         now = time.monotonic()
-        generations = {pid: self.symbolizer.refresh(pid) for pid in {pid for pid, _ in self._unresolved}}
+        pids = {pid for pid, _ in self._unresolved}
+        for pid in [pid for pid in self._retry_due if pid not in pids]:
+            del self._retry_due[pid]
+        due = []
+        for pid in pids:
+            at, _ = self._retry_due.setdefault(pid, (now, _RETRY_FIRST_SECONDS))
+            if at <= now:
+                due.append((at, pid))
+        due.sort()
+        generations = {}
+        for _, pid in due[:_RETRY_BUDGET]:
+            generations[pid] = self.symbolizer.refresh(pid)
+            delay = self._retry_due[pid][1]
+            self._retry_due[pid] = (now + delay, delay * 2)
         for key, (seen, give_up_at) in list(self._unresolved.items()):
             pid, stack_id = key
-            if generations[pid] == seen:
+            if generations.get(pid, seen) == seen:
                 if now >= give_up_at:
                     del self._unresolved[key]
                 continue

@@ -265,7 +265,9 @@ def test_a_stack_with_an_unmapped_address_is_named_at_the_next_flush(proc: Path)
     assert names.refreshes == 1
 
 
-def test_a_stack_that_stays_unmapped_is_named_again_only_when_the_process_changed(proc: Path) -> None:
+def test_a_stack_that_stays_unmapped_is_named_again_only_when_the_process_changed(
+        proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aggregate, "_RETRY_FIRST_SECONDS", 0.0)  # flushes back to back: every one re-reads
     kernel, names, agg = _late_mapping_aggregator(proc)
     for n in range(1, 6):
         kernel.counts[KEY] = exact(n, n * 1_000)
@@ -277,6 +279,69 @@ def test_a_stack_that_stays_unmapped_is_named_again_only_when_the_process_change
     agg.flush()
     assert names.calls == 2
     assert [f.name for f in agg.flush().samples[0].stack.user] == ["u10", "[unknown]"]
+
+
+class _Clock:
+    """aggregate's `time`, with a monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
+def test_an_unmapped_stack_makes_its_process_be_read_again_less_and_less_often(
+        proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(aggregate, "time", clock)
+    kernel, names, agg = _late_mapping_aggregator(proc)
+    refreshed_at = []
+    for n in range(1, 41):  # 20 s of flushes every 0.5 s
+        kernel.counts[KEY] = exact(n, n * 1_000)
+        before = getattr(names, "refreshes", 0)
+        agg.flush()
+        if getattr(names, "refreshes", 0) > before:
+            refreshed_at.append(clock.now - 1_000.0)
+        clock.now += 0.5
+    # Seen at 0; read again at the next flush, then 1, 2, 4, 8 s later; given up after 30 s.
+    assert refreshed_at == [0.5, 1.5, 3.5, 7.5, 15.5]
+
+
+def test_processes_read_again_for_unmapped_stacks_are_few_per_flush(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(aggregate, "time", clock)
+    pids = range(100, 100 + 3 * aggregate._RETRY_BUDGET)
+    for pid in pids:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (app) S 1 " + " ".join(["0"] * 17) + " 777 0 0\n")
+        (tmp_path / str(pid) / "status").write_text(f"Name:\tapp\nTgid:\t{pid}\n")
+    kernel = MemoryMaps()
+    kernel.stacks = {U1: (0x10, 0x20), K1: (0xA,)}
+    names = LateMapping()
+    table = ProcessTable(TargetRules(pids=tuple(pids)), proc_root=str(tmp_path))
+    table.start()
+    agg = Aggregator(kernel, names, table)  # type: ignore[arg-type]
+    for pid in pids:  # thousands of processes started at once, each with a stack not named yet
+        kernel.counts[key(pid, U1, K1)] = exact(1, 1_000)
+    agg.flush()
+    read: list[int] = []
+    names.refresh = lambda pid: read.append(pid) or names.generation(pid)  # type: ignore[method-assign]
+    per_flush = []
+    for _ in range(4):
+        clock.now += 0.5
+        before = len(read)
+        agg.flush()
+        per_flush.append(read[before:])
+    assert [len(p) for p in per_flush] == [aggregate._RETRY_BUDGET] * 4
+    # The longest waiting first: every process is read again within three flushes, then the first
+    # ones again (1 s after their first re-read).
+    assert sorted(per_flush[0] + per_flush[1] + per_flush[2]) == list(pids)
+    assert per_flush[3] == per_flush[0]
 
 
 def test_unmapped_stacks_are_given_up_on_after_the_window(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
