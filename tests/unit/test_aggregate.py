@@ -330,7 +330,12 @@ def test_processes_read_again_for_unmapped_stacks_are_few_per_flush(
         kernel.counts[key(pid, U1, K1)] = exact(1, 1_000)
     agg.flush()
     read: list[int] = []
-    names.refresh = lambda pid: read.append(pid) or names.generation(pid)  # type: ignore[method-assign]
+
+    def refresh(pid: int) -> int:
+        read.append(pid)
+        return names.generation(pid)
+
+    names.refresh = refresh  # type: ignore[method-assign]
     per_flush = []
     for _ in range(4):
         clock.now += 0.5
