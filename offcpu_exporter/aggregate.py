@@ -247,6 +247,7 @@ class Aggregator:
             self.start_time_ns = self._last_time_ns = self.probe.attached_wall_ns
         window_end = final or until_ns is not None
         increases, self._carried = self._carried, {}
+        last_lag = 0
         for _ in range(_MAX_PASSES):
             now_k, now_wall = ktime_ns(), time.time_ns()
             at = now_k if until_ns is None else min(until_ns, now_k)
@@ -261,9 +262,14 @@ class Aggregator:
             # read as the figures of the moment they appear, and a window between such a snapshot
             # and a timely one would hold more off-CPU time than wall time. So the blocks counted
             # meanwhile are counted too, by another pass, whose stacks are mostly named already.
-            # (A window's end needs none: the kernel counts nothing after it.)
-            if window_end or ktime_ns() - at <= _MAX_LAG_NS:
+            # (A window's end needs none: the kernel counts nothing after it.) Passes that take
+            # that long however few new stacks they name (the reads and sums of tens of thousands
+            # of threads) are not repeated: a pass not twice as quick as the one before would only
+            # publish as late, at several times the cost.
+            lag = ktime_ns() - at
+            if window_end or lag <= _MAX_LAG_NS or (last_lag and lag * 2 > last_lag):
                 break
+            last_lag = lag
         self._collect_stacks(in_map, blocked)
         expired = self._expire_processes(active={k[0] for k in increases})
         snapshot = self._snapshot(increases, blocked, expired, time.perf_counter() - t0, at_wall, at)
@@ -371,17 +377,18 @@ class Aggregator:
 
     def _add_credits(self, groups: dict[_GroupKey, _Group], credits: list[Credit]) -> None:
         kprobe = self.probe.mode == "kprobe"
-        for credit in credits:
-            block = credit.block
-            gkey = self._group_key(block.tgid, credit.tid, block.reason)
+        per_thread = self.probe.config.per_thread
+        for tid, block, ns in credits:
+            _, tgid, reason, user_stack, kernel_stack, weight = block
+            gkey = (tgid, tid if per_thread else 0, reason)
             group = groups.get(gkey)
             if group is None:
                 group = groups[gkey] = _Group()
-            group.ns += credit.ns
-            if block.weight and block.user_stack:
-                group.weigh((block.user_stack, block.kernel_stack), 0, credit.ns * block.weight)
+            group.ns += ns
+            if weight and user_stack:
+                group.weigh((user_stack, kernel_stack), 0, ns * weight)
             elif kprobe:
-                group.weigh(_IN_PROGRESS, 0, credit.ns)
+                group.weigh(_IN_PROGRESS, 0, ns)
             # Else a block whose stacks were not sampled: its time is spread like the thread's
             # other unsampled blocks, over its sampled stacks.
 
