@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from offcpu_exporter.blocked_stacks import BlockedStacks, KernelAddress
 from offcpu_exporter.probe.loader import StartEntry, ktime_ns
@@ -50,9 +50,9 @@ _SEED_REASONS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Credit:
-    """Time of a block in progress counted by this flush."""
+class Credit(NamedTuple):
+    """Time of a block in progress counted by this flush (a NamedTuple: one per blocked thread per
+    flush, tens of thousands on a large node)."""
 
     tid: int
     block: StartEntry
@@ -80,7 +80,8 @@ class InProgress:
             return [], before
         min_ns = probe.config.min_block_ns
         # A block shorter than --min-block so far may yet end below it and not count at all.
-        eligible = {tid: b for tid, b in before.items() if b.ts_ns < at_ns and at_ns - b.ts_ns >= min_ns}
+        latest = at_ns - max(min_ns, 1)
+        eligible = {tid: b for tid, b in before.items() if b.ts_ns <= latest}
         marks = {tid: (b.ts_ns, at_ns) for tid, b in eligible.items()}
         probe.write_marks(marks)
         after = probe.read_starts()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
+import itertools
 import logging
 import os
 import struct
 import time
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
@@ -71,6 +74,10 @@ class CounterValue(NamedTuple):
     ns: int
     weighted_blocks: int
     weighted_ns: int
+
+
+_AS_COUNTER_KEY = functools.partial(tuple.__new__, CounterKey)  # _make() without its Python frame
+_AS_COUNTER_VALUE = functools.partial(tuple.__new__, CounterValue)
 
 
 class StartEntry(NamedTuple):
@@ -453,7 +460,7 @@ class Probe:
 
     def read_counts(self) -> list[tuple[CounterKey, CounterValue]]:
         return self._lookup_batch(layout.MAP_COUNTS, _COUNTS, lambda keys, values: zip(
-            map(CounterKey._make, keys), map(CounterValue._make, values), strict=True))
+            map(_AS_COUNTER_KEY, keys), map(_AS_COUNTER_VALUE, values), strict=True))
 
     def take_counts(self, keys: Iterable[CounterKey]) -> dict[CounterKey, CounterValue]:
         """Delete these counters and return their values at the moment of deletion, so that an
@@ -578,11 +585,14 @@ class Probe:
             self._write_control()
         if not marks:
             return
-        # One BPF_MAP_UPDATE_BATCH: a mark for every blocked thread at every flush.
-        keys = (ctypes.c_uint32 * len(marks))(*marks)
-        values = (layout.OffcpuMark * len(marks))(*(layout.OffcpuMark(a, b) for a, b in marks.values()))
+        # One BPF_MAP_UPDATE_BATCH: a mark for every blocked thread at every flush, its buffers
+        # filled in C (array) rather than a ctypes object per mark.
+        keys = array("I", marks)
+        values = array("Q", itertools.chain.from_iterable(marks.values()))  # struct offcpu_mark: start, until
+        assert values.itemsize * 2 == ctypes.sizeof(layout.OffcpuMark) and keys.itemsize == 4
         count = ctypes.c_uint32(len(marks))
-        if self._lib.bpf_update_batch(self._table(layout.MAP_MARKS).map_fd, keys, values, ctypes.byref(count)) != 0:
+        if self._lib.bpf_update_batch(self._table(layout.MAP_MARKS).map_fd, keys.buffer_info()[0],
+                                      values.buffer_info()[0], ctypes.byref(count)) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"BPF_MAP_UPDATE_BATCH on {layout.MAP_MARKS}: {os.strerror(err)}")
 
