@@ -23,10 +23,10 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from offcpu_exporter.in_progress import Credit, InProgress
 from offcpu_exporter.probe import layout
@@ -193,6 +193,14 @@ class AggregateConfig:
 _RowKey = tuple[ProcessKey, int, Reason, Stack]
 
 
+class _ViewParts(NamedTuple):
+    """What a process's view holds that changes only when its totals do."""
+
+    total: Counter
+    by_reason: Mapping[Reason, Counter]
+    threads: Mapping[int, ThreadView]
+
+
 class Aggregator:
     """The one owner of the kernel maps: reads, diffs, drains, symbolizes, snapshots."""
 
@@ -208,6 +216,12 @@ class Aggregator:
         self.wall_bound = WallTimeBound(probe)
         self._keys: dict[CounterKey, _KeyState] = {}
         self._totals: dict[_RowKey, Counter] = {}
+        # Sums of _totals kept as they change, and the samples of the last snapshot: a snapshot
+        # builds anew only what changed (thousands of processes, most unchanged at each flush).
+        self._process_totals: dict[ProcessKey, dict[Reason, Counter]] = {}
+        self._thread_totals: dict[ProcessKey, dict[int, dict[Reason, Counter]]] = {}
+        self._samples: dict[_RowKey, StackSample] = {}
+        self._views: dict[ProcessKey, _ViewParts] = {}
         self._kernel_stacks: dict[int, tuple[Frame, ...]] = {}
         self._user_stacks: dict[tuple[int, int], tuple[Frame, ...]] = {}
         self._used: dict[int, int] = {}  # stack id -> the flush that last named a stack with it
@@ -419,6 +433,12 @@ class Aggregator:
             key = (info.key, tid, reason, stack)
             self._totals[key] = self._totals.get(key, ZERO) + inc
             increases[key] = increases.get(key, ZERO) + inc
+            by_reason = self._process_totals.setdefault(info.key, {})
+            by_reason[reason] = by_reason.get(reason, ZERO) + inc
+            if tid:
+                of_thread = self._thread_totals.setdefault(info.key, {}).setdefault(tid, {})
+                of_thread[reason] = of_thread.get(reason, ZERO) + inc
+            self._views.pop(info.key, None)
             for lost in _lost_halves(user_id, kernel_id, stack):
                 self._lost[lost] = self._lost.get(lost, 0) + inc.count
         if tid and self.config.thread_names and (tgid, tid) not in self._thread_names:
@@ -621,6 +641,11 @@ class Aggregator:
         keys = {info.key for info in gone}
         for k in [k for k in self._totals if k[0] in keys]:
             del self._totals[k]
+            self._samples.pop(k, None)
+        for pkey in keys:
+            self._process_totals.pop(pkey, None)
+            self._thread_totals.pop(pkey, None)
+            self._views.pop(pkey, None)
         for key in keys:
             self._infos.pop(key, None)
             self._hist.pop(key, None)
@@ -666,20 +691,22 @@ class Aggregator:
         self._sequence += 1
         self._flushes += 1
         samples = []
-        per_process: dict[ProcessKey, dict[Reason, Counter]] = {}
+        cache = self._samples
         for key, total in self._totals.items():
-            pkey, tid, reason, stack = key
-            samples.append(StackSample(
-                process=pkey,
-                tid=tid,
-                thread_name=self._thread_names.get((pkey.pid, tid), "") if tid else "",
-                reason=reason,
-                stack=stack,
-                total=total,
-                increase=increases.get(key, ZERO),
-            ))
-            by_reason = per_process.setdefault(pkey, {})
-            by_reason[reason] = by_reason.get(reason, ZERO) + total
+            increase = increases.get(key, ZERO)
+            sample = cache.get(key)
+            if sample is None or sample.total is not total or sample.increase != increase:
+                pkey, tid, reason, stack = key
+                cache[key] = sample = StackSample(
+                    process=pkey,
+                    tid=tid,
+                    thread_name=self._thread_names.get((pkey.pid, tid), "") if tid else "",
+                    reason=reason,
+                    stack=stack,
+                    total=total,
+                    increase=increase,
+                )
+            samples.append(sample)
 
         hist_entries = self._read_hist()
         for pid in self.processes.watched_pids():
@@ -687,17 +714,17 @@ class Aggregator:
             if info is not None:
                 self._infos[info.key] = info
         off_cpu = self._blocked_now(blocked, at_ktime)
-        threads = _thread_views(samples)
         views: dict[ProcessKey, ProcessView] = {}
-        for pkey in set(self._infos) | set(per_process):
+        for pkey in self._infos.keys() | self._process_totals.keys():
             info = self.processes.info_of(pkey) or self._infos.get(pkey) or ProcessInfo(pkey, "[exited]", exited=True)
-            by_reason = per_process.get(pkey, {})
+            parts = self._views.get(pkey)
+            if parts is None:
+                parts = self._views[pkey] = self._view_parts(pkey)
             slots = self._hist.get(pkey)
-            views[pkey] = ProcessView(info=info, total=sum(by_reason.values(), ZERO),
-                                      by_reason=MappingProxyType(dict(by_reason)),
+            views[pkey] = ProcessView(info=info, total=parts.total, by_reason=parts.by_reason,
                                       histogram=tuple(slots) if slots else (),
                                       blocked=MappingProxyType(off_cpu.get(pkey, {})),
-                                      threads=MappingProxyType(threads.get(pkey, {})))
+                                      threads=parts.threads)
 
         health = self._health(duration, counts=len(self._keys), start=len(blocked), hist=hist_entries)
         snapshot = Snapshot(
@@ -711,6 +738,17 @@ class Aggregator:
         )
         self._last_time_ns = now_ns
         return snapshot
+
+    def _view_parts(self, pkey: ProcessKey) -> _ViewParts:
+        """A process's totals as a snapshot shows them, made again only after they changed."""
+        by_reason = self._process_totals.get(pkey, {})
+        threads = {
+            tid: ThreadView(tid, self._thread_names.get((pkey.pid, tid), ""), sum(of_thread.values(), ZERO),
+                            MappingProxyType(dict(of_thread)))
+            for tid, of_thread in self._thread_totals.get(pkey, {}).items()
+        }
+        return _ViewParts(sum(by_reason.values(), ZERO), MappingProxyType(dict(by_reason)),
+                          MappingProxyType(threads))
 
     def _blocked_now(self, blocked: dict[int, StartEntry], at: int) -> dict[ProcessKey, dict[Reason, Blocked]]:
         out: dict[ProcessKey, dict[Reason, Blocked]] = {}
@@ -841,22 +879,6 @@ def _lost_halves(user_id: int, kernel_id: int, stack: Stack) -> list[str]:
         elif frames == _RECLAIMED:
             out.append(f"{half}:RECLAIMED")
     return out
-
-
-def _thread_views(samples: Iterable[StackSample]) -> dict[ProcessKey, dict[int, ThreadView]]:
-    """Each process's per-thread totals, summed from its per-thread stack totals (samples with a tid)."""
-    sums: dict[ProcessKey, dict[int, tuple[str, dict[Reason, Counter]]]] = {}
-    for s in samples:
-        if s.tid:
-            _, by_reason = sums.setdefault(s.process, {}).setdefault(s.tid, (s.thread_name, {}))
-            by_reason[s.reason] = by_reason.get(s.reason, ZERO) + s.total
-    return {
-        pkey: {
-            tid: ThreadView(tid, name, sum(by_reason.values(), ZERO), MappingProxyType(by_reason))
-            for tid, (name, by_reason) in threads.items()
-        }
-        for pkey, threads in sums.items()
-    }
 
 
 def _thread_name(tgid: int, tid: int) -> str:

@@ -603,3 +603,40 @@ def test_a_pass_that_is_slow_by_itself_is_not_repeated(proc: Path) -> None:
     agg = _aggregator(proc, kernel)
     agg.flush()
     assert kernel.reads == 2  # the first pass is late: one more, no quicker, and no third
+
+
+def test_each_snapshot_sums_to_its_samples_and_reuses_what_did_not_change(proc: Path) -> None:
+    """The views' totals are kept as the samples change rather than summed anew at each flush:
+    at every flush they still equal the sums of the samples, per process, reason and thread, and
+    a sample that did not change is the same object as in the snapshot before."""
+    kernel = _kernel(per_thread=True)
+    agg = _aggregator(proc, kernel)
+    steps = [  # (tid, reason, user stack, kernel stack) -> cumulative (blocks, ns) at each flush
+        {(42, 1, U1, K1): (1, 100), (43, 1, U2, K2): (2, 200)},
+        {(42, 1, U1, K1): (1, 100), (43, 1, U2, K2): (5, 900), (43, 2, U1, K2): (1, 50)},
+        {(42, 1, U1, K1): (4, 400), (43, 1, U2, K2): (5, 900), (43, 2, U1, K2): (1, 50)},
+        {(42, 1, U1, K1): (4, 400), (43, 1, U2, K2): (5, 900), (43, 2, U1, K2): (1, 50)},
+    ]
+    before = None
+    for step in steps:
+        for (tid, reason, user, kern), (blocks, ns) in step.items():
+            kernel.counts[key(42, user, kern, reason=reason, tid=tid)] = exact(blocks, ns)
+        snap = agg.flush()
+        (view,) = snap.processes.values()
+        assert view.total == sum((s.total for s in snap.samples), ZERO)
+        for reason, total in view.by_reason.items():
+            assert total == sum((s.total for s in snap.samples if s.reason == reason), ZERO)
+        for tid, thread in view.threads.items():
+            assert thread.total == sum((s.total for s in snap.samples if s.tid == tid), ZERO)
+            for reason, total in thread.by_reason.items():
+                assert total == sum((s.total for s in snap.samples if s.tid == tid and s.reason == reason), ZERO)
+        assert set(view.threads) == {42, 43}
+        if before is not None:
+            old = {(s.tid, s.reason, s.stack): s for s in before.samples}
+            for s in snap.samples:
+                was = old.get((s.tid, s.reason, s.stack))
+                if was is not None and was.total == s.total and not was.increase and not s.increase:
+                    assert s is was
+        before = snap
+    assert view.total == Counter(10, 1_350)
+    assert all(not s.increase for s in snap.samples)
