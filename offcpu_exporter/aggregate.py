@@ -222,6 +222,7 @@ class Aggregator:
         self._thread_totals: dict[ProcessKey, dict[int, dict[Reason, Counter]]] = {}
         self._samples: dict[_RowKey, StackSample] = {}
         self._views: dict[ProcessKey, _ViewParts] = {}
+        self._infos_version = -1  # the process table's version _infos has every watched process of
         self._kernel_stacks: dict[int, tuple[Frame, ...]] = {}
         self._user_stacks: dict[tuple[int, int], tuple[Frame, ...]] = {}
         self._used: dict[int, int] = {}  # stack id -> the flush that last named a stack with it
@@ -709,10 +710,12 @@ class Aggregator:
             samples.append(sample)
 
         hist_entries = self._read_hist()
-        for pid in self.processes.watched_pids():
-            info = self.processes.info(pid)
-            if info is not None:
-                self._infos[info.key] = info
+        if self.processes.version != self._infos_version:
+            self._infos_version = self.processes.version
+            for pid in self.processes.watched_pids():
+                info = self.processes.info(pid)
+                if info is not None:
+                    self._infos[info.key] = info
         off_cpu = self._blocked_now(blocked, at_ktime)
         views: dict[ProcessKey, ProcessView] = {}
         for pkey in self._infos.keys() | self._process_totals.keys():

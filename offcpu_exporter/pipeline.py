@@ -54,6 +54,7 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self._sink_errors = RateLimitedLog(log, interval=60)
         self._prepared: dict[int, ProcessKey] = {}  # pid -> the process whose maps were read
+        self._prepared_version = -1  # the process table's version _prepared follows
         self._seeded_all = False
         # Which processes get DWARF unwind tables (see describe()): "all" watched ones at once, or
         # "auto": selected targets at once, and with --all those whose stacks stop short.
@@ -100,8 +101,19 @@ class Pipeline:
         for event in self.processes.take_events():
             self._apply(event)
         to_seed = self._sync_kernel_filter()
-        # After the filter, so that the kernel counts while a big binary's symbols load: read each
-        # new target's mappings while it is alive, since it may exit before its first flush.
+        if self.processes.version != self._prepared_version:
+            self._prepare_changed()
+        # Last: reading blocked threads' stacks (blocked_stacks.py) takes a while, and a short-lived
+        # target's mappings must be read first. A seeded block counts from when its process was
+        # put in the filter: a thread off CPU now that the probe has not seen leave the CPU since
+        # then was off CPU all along.
+        for pid, since_ns in to_seed:
+            self.aggregator.in_progress.seed(pid, since_ns=since_ns)
+
+    def _prepare_changed(self) -> None:
+        """After the filter, so that the kernel counts while a big binary's symbols load: read each
+        new target's mappings while it is alive, since it may exit before its first flush."""
+        self._prepared_version = self.processes.version
         for pid in self.processes.watched_pids():
             current = self.processes.info(pid)
             prepared = self._prepared.get(pid)
@@ -115,12 +127,6 @@ class Pipeline:
             del self._prepared[pid]  # expired: the aggregator has dropped what named it
             if self.describer is not None:
                 self.describer.forget(pid)
-        # Last: reading blocked threads' stacks (blocked_stacks.py) takes a while, and a short-lived
-        # target's mappings must be read first. A seeded block counts from when its process was
-        # put in the filter: a thread off CPU now that the probe has not seen leave the CPU since
-        # then was off CPU all along.
-        for pid, since_ns in to_seed:
-            self.aggregator.in_progress.seed(pid, since_ns=since_ns)
 
     def _changed_processes(self) -> set[int] | None:
         """The processes the kernel reported changed since the last refresh, or None for a rescan
@@ -150,6 +156,7 @@ class Pipeline:
             log.info("%s[%d] exec'd %s: reading its maps again", event.info.comm, pid, event.info.exe)
             self.aggregator.forget_program(pid)
         self._prepared.pop(pid, None)  # prepared again below, as the process it is now
+        self._prepared_version = -1
         if self.describer is not None:
             self.describer.forget(pid)
 

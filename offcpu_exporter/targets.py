@@ -138,6 +138,9 @@ class ProcessTable:
         self.enrich = enrich or (lambda info: info)
         self._enriches = enrich is not None
         self._by_pid: dict[int, _Entry] = {}  # live processes
+        # Changes whenever a process is added, exits, exec's or is forgotten: what is derived from
+        # the whole table (the pipeline's per-process preparation) is redone only then.
+        self.version = 0
         self._exited: dict[ProcessKey, _Entry] = {}  # exited, kept for the grace period
         self._last_exited: dict[int, ProcessKey] = {}  # pid -> the most recent exited holder
         self._pinned: dict[int, ProcessKey | None] = {}  # --pid: the identity asked for
@@ -157,6 +160,7 @@ class ProcessTable:
                 continue
             self._pinned[pid] = info.key
             self._by_pid[pid] = _Entry(self.enrich(info), watched=True)
+            self.version += 1
         return errors
 
     @property
@@ -197,8 +201,9 @@ class ProcessTable:
             candidates = changed if self.rules.scans else ()
             # Pod names arrive once the pod list has caught up with a new pod, and a process seen
             # while its runtime was still moving it into the container's cgroup gets its container.
-            for pid in [pid for pid, e in self._by_pid.items() if self._unsettled(e.info)]:
-                self._by_pid[pid].info = self.enrich(self._by_pid[pid].info)
+            if self._enriches:
+                for pid in [pid for pid, e in self._by_pid.items() if self._unsettled(e.info)]:
+                    self._by_pid[pid].info = self.enrich(self._by_pid[pid].info)
         for pid in candidates:
             if pid not in self._by_pid:
                 self._consider(pid, added)
@@ -220,6 +225,7 @@ class ProcessTable:
                 entry.info, comm=current.comm, exe=current.exe, cmdline=cmdline.cmdline if cmdline else ()
             )
             self._events.append(Exec(entry.info))
+            self.version += 1
         elif not entry.info.pod:
             # (offcpu_exporter/k8s; cheap when nothing changed)
             entry.info = self.enrich(entry.info)
@@ -232,6 +238,7 @@ class ProcessTable:
         info = self.enrich(info)
         if self._matches(info):
             self._by_pid[info.pid] = _Entry(info, watched=True)
+            self.version += 1
             added.append(info)
             self._note_reuse(info)
 
@@ -255,6 +262,7 @@ class ProcessTable:
 
     def _retire(self, pid: int, now: float) -> ProcessInfo:
         entry = self._by_pid.pop(pid)
+        self.version += 1
         entry.exited_at = now
         entry.info = replace(entry.info, exited=True)
         self._exited[entry.info.key] = entry
@@ -289,6 +297,7 @@ class ProcessTable:
         # With --all every live process the kernel counted is a target; else only followed children.
         watched = self.rules.watch_all or (self.rules.follow_children and parent is not None)
         self._by_pid[pid] = _Entry(info, watched=watched)
+        self.version += 1
         return info
 
     def info(self, pid: int) -> ProcessInfo | None:
@@ -328,6 +337,8 @@ class ProcessTable:
             del self._exited[entry.info.key]
             if self._last_exited.get(entry.info.pid) == entry.info.key:
                 del self._last_exited[entry.info.pid]
+        if gone:
+            self.version += 1
         return [e.info for e in gone]
 
     def __len__(self) -> int:

@@ -135,6 +135,34 @@ def test_a_reused_pid_is_acted_on_once(tmp_path: Path) -> None:
     assert new.start_ticks == 999 and totals[new].count == 0  # only its wait since it was watched
 
 
+def test_processes_are_prepared_when_the_table_changed_only(tmp_path: Path) -> None:
+    """Each second's target sync walks the whole table only when a process came, went or exec'd:
+    on a node of thousands of processes most syncs change nothing."""
+    _process(tmp_path, 42, "app", 100)
+    kernel = MemoryMaps()
+    pipeline = _pipeline(tmp_path, kernel)
+    prepared: list[int] = []
+    pipeline.aggregator.prepare = prepared.append  # type: ignore[method-assign,assignment]
+    walks = 0
+    watched = pipeline.processes.watched_pids
+
+    def counting() -> set[int]:
+        nonlocal walks
+        walks += 1
+        return watched()
+
+    pipeline.processes.watched_pids = counting  # type: ignore[method-assign]
+    pipeline.sync_targets()
+    first = walks
+    for _ in range(5):
+        pipeline.sync_targets()
+    assert walks - first == 5  # the kernel filter's, once per sync: no walk for the preparation
+    _process(tmp_path, 44, "app", 100)
+    pipeline.sync_targets()  # a rescan (no kernel events here) finds it
+    assert prepared == [42, 44]
+    assert walks - first == 7
+
+
 def _block(ts: int):  # type: ignore[no-untyped-def]
     from offcpu_exporter.probe.loader import StartEntry
 
