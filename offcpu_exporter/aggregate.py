@@ -394,7 +394,7 @@ class Aggregator:
         kprobe = self.probe.mode == "kprobe"
         per_thread = self.probe.config.per_thread
         for tid, block, ns in credits:
-            _, tgid, reason, user_stack, kernel_stack, weight = block
+            _, user_stack, kernel_stack, tgid, reason, weight = block
             gkey = (tgid, tid if per_thread else 0, reason)
             group = groups.get(gkey)
             if group is None:
@@ -696,7 +696,8 @@ class Aggregator:
         for key, total in self._totals.items():
             increase = increases.get(key, ZERO)
             sample = cache.get(key)
-            if sample is None or sample.total is not total or sample.increase != increase:
+            # Reused when neither changed: the same total object, and no increase now or before.
+            if sample is None or sample.total is not total or increase is not ZERO or sample.increase is not ZERO:
                 pkey, tid, reason, stack = key
                 cache[key] = sample = StackSample(
                     process=pkey,

@@ -149,7 +149,7 @@ class InProgress:
         # references them and the next flush frees them (Aggregator._collect_stacks()).
         user, kernel, outcome = self.stacks.ids(tgid, tid)
         since = ktime_ns() if since_ns is None else since_ns
-        block = StartEntry(since, tgid, _SEED_REASONS[before[0]].value, user, kernel, 1)
+        block = StartEntry(since, user, kernel, tgid, _SEED_REASONS[before[0]].value, 1)
         if not self.probe.seed_start(tid, block):
             return 0  # the probe has seen it switch out already
         after = self._thread_state(tgid, tid)

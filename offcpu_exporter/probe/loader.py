@@ -52,7 +52,7 @@ class _Entry(NamedTuple):
 _U32 = struct.Struct("<I")
 _U32_U32 = _Entry(_U32, _U32)
 _COUNTS = _Entry(struct.Struct("<III4xQQ"), struct.Struct("<QQQQ"))  # offcpu_key (pad skipped), offcpu_value
-_STARTS = _Entry(_U32, struct.Struct("<QQQIIII"))  # offcpu_start: ts, stacks, tgid, reason, weight, flags
+_STARTS = _Entry(_U32, struct.Struct("<QQQIII4x"))  # offcpu_start: ts, stacks, tgid, reason, weight (flags)
 _MARKS = _Entry(_U32, struct.Struct("<QQ"))  # offcpu_mark
 _HIST = _Entry(_U32, struct.Struct(f"<{layout.HIST_ROOM}Q"))  # offcpu_hist
 
@@ -81,14 +81,19 @@ _AS_COUNTER_VALUE = functools.partial(tuple.__new__, CounterValue)
 
 
 class StartEntry(NamedTuple):
-    """A thread off CPU now: since when, why, and its stacks when they were captured."""
+    """A thread off CPU now: since when, why, and its stacks when they were captured. (Fields in
+    struct offcpu_start's order: read_starts() makes them from the map's bytes without a Python
+    call per thread.)"""
 
     ts_ns: int
-    tgid: int
-    reason: int
     user_stack: int
     kernel_stack: int
+    tgid: int
+    reason: int
     weight: int
+
+
+_AS_START_ENTRY = functools.partial(tuple.__new__, StartEntry)
 
 
 class ProbeError(Exception):
@@ -540,9 +545,8 @@ class Probe:
 
     def read_starts(self) -> dict[int, StartEntry]:
         """tid -> the block it is in now."""
-        return dict(self._lookup_batch(layout.MAP_START, _STARTS, lambda keys, values: (
-            (tid, StartEntry(ts, tgid, reason, user, kernel, weight))
-            for (tid,), (ts, user, kernel, tgid, reason, weight, _) in zip(keys, values, strict=True))))
+        return dict(self._lookup_batch(layout.MAP_START, _STARTS, lambda keys, values: zip(
+            itertools.chain.from_iterable(keys), map(_AS_START_ENTRY, values), strict=True)))
 
     def seed_start(self, tid: int, entry: StartEntry) -> bool:
         """Store a block the probe did not see begin (the thread was off CPU before it was
@@ -576,7 +580,7 @@ class Probe:
             v = table[table.Key(tid)]
         except KeyError:
             return None
-        return StartEntry(v.ts_ns, v.tgid, v.reason, v.user_stack, v.kernel_stack, v.weight)
+        return StartEntry(v.ts_ns, v.user_stack, v.kernel_stack, v.tgid, v.reason, v.weight)
 
     def write_marks(self, marks: dict[int, tuple[int, int]]) -> None:
         """tid -> (start of its block, counted up to): see struct offcpu_mark."""

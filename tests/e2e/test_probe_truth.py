@@ -220,7 +220,7 @@ def test_a_seeded_block_whose_switch_in_went_unseen_is_counted_up_to_the_pick(pr
             woke, runs = child.stdout.readline().split()
             probe.set_target(child.pid)
             missed_before = probe.stats()[layout.STAT_MISSED_SWITCH_INS]
-            block = StartEntry(since, child.pid, Reason.SLEEPING.value, layout.STACK_SEEDED, layout.STACK_SEEDED, 1)
+            block = StartEntry(since, layout.STACK_SEEDED, layout.STACK_SEEDED, child.pid, Reason.SLEEPING.value, 1)
             seeded = probe.seed_start(child.pid, block) and _runs(child.pid) == runs
             if not seeded:
                 continue  # switched in again since it woke: the pick is not the one it printed

@@ -183,7 +183,7 @@ def test_a_counter_created_while_its_stack_was_freed_keeps_its_frames(proc: Path
 
 def test_stacks_of_blocks_in_progress_are_not_freed(proc: Path) -> None:
     kernel = _kernel()
-    kernel.starts[7] = StartEntry(1, 42, 1, U1, K1, 1)
+    kernel.starts[7] = StartEntry(1, U1, K1, 42, 1, 1)
     agg = _aggregator(proc, kernel)
     agg.flush()
     assert kernel.deleted_stacks == {U2, K2}
@@ -377,7 +377,7 @@ def test_before_the_first_flush_the_snapshot_says_the_probe_is_attached(proc: Pa
 def test_blocks_in_progress_count_up_to_the_flush_and_show_as_blocked_now(proc: Path) -> None:
     kernel = _kernel(per_thread=True)
     started = ktime_ns() - 2_000_000_000
-    kernel.starts[42] = StartEntry(started, 42, Reason.UNINTERRUPTIBLE.value, U1, K1, 1)
+    kernel.starts[42] = StartEntry(started, U1, K1, 42, Reason.UNINTERRUPTIBLE.value, 1)
     agg = _aggregator(proc, kernel)
     snap = agg.flush()
     (sample,) = snap.samples
@@ -396,7 +396,7 @@ def test_blocks_in_progress_count_up_to_the_flush_and_show_as_blocked_now(proc: 
 
 def test_a_final_flush_ends_the_window(proc: Path) -> None:
     kernel = _kernel(per_thread=True)
-    kernel.starts[42] = StartEntry(ktime_ns() - 1_000_000_000, 42, 1, U1, K1, 1)
+    kernel.starts[42] = StartEntry(ktime_ns() - 1_000_000_000, U1, K1, 42, 1, 1)
     agg = _aggregator(proc, kernel)
     until = ktime_ns() - 500_000_000
     (sample,) = agg.flush(final=True, until_ns=until).samples
@@ -500,7 +500,7 @@ def test_a_freed_stack_stays_named_while_a_long_block_references_it(proc: Path) 
     agg = _aggregator(proc, kernel)
     agg.flush()
     assert U1 in kernel.deleted_stacks
-    kernel.starts[42] = StartEntry(ktime_ns(), 42, 1, U1, K1, 1)
+    kernel.starts[42] = StartEntry(ktime_ns(), U1, K1, 42, 1, 1)
     for _ in range(10):
         agg.flush()
     kernel.switch_in(42, ktime_ns())
@@ -543,13 +543,13 @@ def test_no_thread_is_credited_more_than_wall_time(proc: Path) -> None:
 def test_the_truth_is_never_clamped(proc: Path) -> None:
     kernel = _kernel(per_thread=True)
     kernel.attached_ktime_ns = ktime_ns() - 1_000_000_000
-    kernel.starts[42] = StartEntry(kernel.attached_ktime_ns, 42, 1, U1, K1, 1)
+    kernel.starts[42] = StartEntry(kernel.attached_ktime_ns, U1, K1, 42, 1, 1)
     agg = _aggregator(proc, kernel)
     for _ in range(3):
         time.sleep(0.05)
         snap = agg.flush()
     kernel.switch_in(42, ktime_ns())
-    kernel.starts[42] = StartEntry(ktime_ns(), 42, 1, U2, K2, 1)
+    kernel.starts[42] = StartEntry(ktime_ns(), U2, K2, 42, 1, 1)
     snap = agg.flush()
     assert snap.health.clamped_ns == 0
     assert sum(s.total.ns for s in snap.samples) == pytest.approx(ktime_ns() - kernel.attached_ktime_ns,
@@ -572,7 +572,7 @@ def test_a_snapshot_is_never_published_long_after_what_it_counts(proc: Path) -> 
     between such a snapshot and a timely one would hold more off-CPU time than wall time."""
     kernel = _kernel(per_thread=True)
     started = ktime_ns() - 1_000_000_000
-    kernel.starts[42] = StartEntry(started, 42, 1, U1, K1, 1)
+    kernel.starts[42] = StartEntry(started, U1, K1, 42, 1, 1)
     table = ProcessTable(TargetRules(pids=(42,)), proc_root=str(proc))
     table.start()
     agg = Aggregator(kernel, SlowNames(), table)  # type: ignore[arg-type]

@@ -133,7 +133,7 @@ def test_without_kernel_symbols_or_budget_a_half_stays_the_placeholder(tmp_path:
     progress = InProgress(kernel, stacks=BlockedStacks(kernel, None, proc_root=str(proc),  # type: ignore[arg-type]
                                                        capture_budget=spent), proc_root=str(proc))
     assert progress.seed(60) == 1
-    assert kernel.starts[60][3:5] == (layout.STACK_SEEDED, layout.STACK_SEEDED)
+    assert (kernel.starts[60].user_stack, kernel.starts[60].kernel_stack) == (layout.STACK_SEEDED, layout.STACK_SEEDED)
 
 
 def test_stacks_of_a_block_not_seeded_after_all_are_left_to_the_flush_to_free(tmp_path: Path) -> None:

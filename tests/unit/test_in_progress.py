@@ -40,7 +40,7 @@ def _counted(kernel: MemoryMaps, credited: int) -> int:
 @pytest.mark.parametrize("when", ["before_marks", "after_marks"])
 def test_a_block_that_ends_during_a_flush_is_counted_once(when: str) -> None:
     kernel = Racing(when="", end=0)
-    kernel.starts[TID] = StartEntry(1_000, 42, 1, STACK, STACK, 1)
+    kernel.starts[TID] = StartEntry(1_000, STACK, STACK, 42, 1, 1)
     progress = InProgress(kernel)  # type: ignore[arg-type]
     credits, blocked = progress.credit(5_000)  # still going on: counted up to 5,000
     assert [c.ns for c in credits] == [4_000] and TID in blocked
@@ -56,7 +56,7 @@ def test_a_block_that_ends_during_a_flush_is_counted_once(when: str) -> None:
 
 def test_a_block_that_ends_between_flushes_is_counted_once() -> None:
     kernel = MemoryMaps(per_thread=True)
-    kernel.starts[TID] = StartEntry(1_000, 42, 1, STACK, STACK, 1)
+    kernel.starts[TID] = StartEntry(1_000, STACK, STACK, 42, 1, 1)
     progress = InProgress(kernel)  # type: ignore[arg-type]
     credits = [c.ns for c in progress.credit(2_000)[0] + progress.credit(3_000)[0]]
     assert credits == [1_000, 1_000]
@@ -68,11 +68,11 @@ def test_a_block_that_ends_between_flushes_is_counted_once() -> None:
 
 def test_a_new_block_of_the_same_thread_is_not_charged_with_the_old_mark() -> None:
     kernel = Racing(when="", end=0)
-    kernel.starts[TID] = StartEntry(1_000, 42, 1, STACK, STACK, 1)
+    kernel.starts[TID] = StartEntry(1_000, STACK, STACK, 42, 1, 1)
     progress = InProgress(kernel)  # type: ignore[arg-type]
     first = progress.credit(2_000)[0]
     kernel.switch_in(TID, 2_500)  # counted from the mark: 500
-    kernel.starts[TID] = StartEntry(2_600, 42, 1, STACK, STACK, 1)  # blocks again
+    kernel.starts[TID] = StartEntry(2_600, STACK, STACK, 42, 1, 1)  # blocks again
     second = progress.credit(3_000)[0]
     assert [c.ns for c in first + second] == [1_000, 400]
     kernel.switch_in(TID, 3_100)
@@ -81,7 +81,7 @@ def test_a_new_block_of_the_same_thread_is_not_charged_with_the_old_mark() -> No
 
 def test_blocks_shorter_than_min_block_so_far_are_not_counted_yet() -> None:
     kernel = MemoryMaps(per_thread=True, min_block_ns=10_000)
-    kernel.starts[TID] = StartEntry(1_000, 42, 1, STACK, STACK, 1)
+    kernel.starts[TID] = StartEntry(1_000, STACK, STACK, 42, 1, 1)
     progress = InProgress(kernel)  # type: ignore[arg-type]
     assert progress.credit(5_000)[0] == []  # 4,000 so far: it may still end below 10,000
     assert [c.ns for c in progress.credit(12_000)[0]] == [11_000]
@@ -90,7 +90,7 @@ def test_blocks_shorter_than_min_block_so_far_are_not_counted_yet() -> None:
 def test_nothing_is_credited_with_max_block() -> None:
     # Whether a block counts at all is known only when it ends.
     kernel = MemoryMaps(per_thread=True, max_block_ns=1_000_000)
-    kernel.starts[TID] = StartEntry(1_000, 42, 1, STACK, STACK, 1)
+    kernel.starts[TID] = StartEntry(1_000, STACK, STACK, 42, 1, 1)
     credits, blocked = InProgress(kernel).credit(5_000)  # type: ignore[arg-type]
     assert credits == [] and TID in blocked and not kernel.marks
 
@@ -109,7 +109,7 @@ def test_threads_off_cpu_when_watching_begins_are_seeded(tmp_path: Path) -> None
     _task(tmp_path, 50, 52, "R", 1)  # running or runnable: the probe sees its next switch-out
     _task(tmp_path, 50, 54, "S", 1, wchan="0")  # set to sleep, but still on its run queue
     kernel = MemoryMaps(per_thread=True)
-    kernel.starts[53] = StartEntry(5, 50, 1, STACK, STACK, 1)  # the probe's own: kept
+    kernel.starts[53] = StartEntry(5, STACK, STACK, 50, 1, 1)  # the probe's own: kept
     _task(tmp_path, 50, 53, "S", 4)
     assert InProgress(kernel, proc_root=str(tmp_path)).seed(50) == 2  # type: ignore[arg-type]
     assert {tid: (b.reason, b.user_stack) for tid, b in kernel.starts.items()} == {
