@@ -372,9 +372,6 @@ class Aggregator:
 
     # -- exact and sampled figures -> per-stack increases -----------------------------------
 
-    def _group_key(self, tgid: int, tid: int, reason: int) -> _GroupKey:
-        return (tgid, tid if self.probe.config.per_thread else 0, reason)
-
     @staticmethod
     def _add_row(groups: dict[_GroupKey, _Group], key: CounterKey, inc: CounterValue) -> None:
         tgid, tid, reason, user_stack, kernel_stack = key
@@ -395,6 +392,7 @@ class Aggregator:
         per_thread = self.probe.config.per_thread
         for tid, block, ns in credits:
             _, user_stack, kernel_stack, tgid, reason, weight = block
+            # Keyed as the kernel keys its counters: without --per-thread, tid 0.
             gkey = (tgid, tid if per_thread else 0, reason)
             group = groups.get(gkey)
             if group is None:
