@@ -9,6 +9,7 @@ costs one read of the maps when nothing changed. ``forget(pid)`` when it exits.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from array import array
@@ -69,6 +70,7 @@ class _Process:
     keys: set[FileKey]
     described: list[MappingUnwind]
     complete: bool = True  # False: an object's table was missing, look again even if the maps are the same
+    maps_digest: bytes = b""  # of /proc/PID/maps as last read
 
 
 class Unwinder:
@@ -105,13 +107,24 @@ class Unwinder:
         """Bring the tables of ``pid`` up to date; returns what each executable mapping relies on,
         or None when the process is gone."""
         try:
-            with open(f"{self._proc_root}/{pid}/maps", encoding="utf-8", errors="surrogateescape") as f:
-                mappings = parse_maps(f.read())
+            with open(f"{self._proc_root}/{pid}/maps", "rb") as f:
+                raw = f.read()
         except OSError:
             return None
+        # A digest, not the text: a large process's maps run to tens of kilobytes.
+        digest = hashlib.blake2b(raw, digest_size=16).digest()
+        with self._lock:
+            known = self._processes.get(pid)
+            # The maps compared before they are parsed: the describer looks again at every process
+            # every few seconds, and at thousands of processes parsing what did not change was
+            # most of its cost.
+            if known is not None and known.maps_digest == digest and known.complete:
+                return known.described
+        mappings = parse_maps(raw.decode("utf-8", errors="surrogateescape"))
         with self._lock:
             known = self._processes.get(pid)
             if known is not None and known.mappings == mappings and known.complete:
+                known.maps_digest = digest  # the same mappings, told another way (a [heap] that grew)
                 return known.described
         # Tables missing from the cache take seconds to build (tens for the largest objects): built
         # without the lock, which the flush takes to read the statistics, and which a flush held up
@@ -126,7 +139,9 @@ class Unwinder:
                     continue
             loaded[mapped.key] = self._load(mapped.open_path, m.path, pid)
         with self._lock:
-            return self._update(pid, mappings, opened, self._processes.get(pid), loaded)
+            described = self._update(pid, mappings, opened, self._processes.get(pid), loaded)
+            self._processes[pid].maps_digest = digest
+            return described
 
     def forget(self, pid: int) -> None:
         with self._lock:

@@ -230,3 +230,34 @@ def test_stopping_does_not_wait_for_a_table_build(tmp_path: Path) -> None:
         p.wait()
     assert stopped < 2.0, f"stopping waited {stopped:.1f} s for a table build"
     assert all(child.poll() is not None for child in children)
+
+
+def test_looking_again_at_an_unchanged_process_parses_nothing(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The describer looks again at every process every few seconds (issue 27): unchanged maps
+    cost one read and no parse; maps that changed are read as new, and the same executable
+    mappings told another way (a grown heap) neither write nor parse again after once."""
+    from offcpu_exporter.unwind import unwinder as unwinder_module
+
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    maps_file = proc / "42" / "maps"
+    libc_line = f"7f0000000000-7f0000100000 r-xp 00028000 08:01 {os.stat(LIBC).st_ino} {LIBC}\n"
+    maps_file.write_text("00400000-00401000 rw-p 00000000 00:00 0 [heap]\n" + libc_line)
+    os.symlink("/", proc / "42" / "root")
+    parsed: list[int] = []
+    real_parse = unwinder_module.parse_maps
+    monkeypatch.setattr(unwinder_module, "parse_maps", lambda text: parsed.append(1) or real_parse(text))
+    maps = _SmallMaps(1 << 20)
+    unwinder = Unwinder(maps, proc_root=str(proc))  # type: ignore[arg-type]
+    first = unwinder.update(42)
+    assert first is not None and len(parsed) == 1
+    written = dict(maps.processes)
+    assert unwinder.update(42) == first and len(parsed) == 1  # the same text: not parsed again
+    maps_file.write_text("00400000-00402000 rw-p 00000000 00:00 0 [heap]\n" + libc_line)
+    assert unwinder.update(42) == first and len(parsed) == 2  # another text, the same mappings
+    assert unwinder.update(42) == first and len(parsed) == 2
+    assert maps.processes.keys() == written.keys()
+    maps_file.write_text(libc_line.replace("7f0000100000", "7f0000200000"))
+    changed = unwinder.update(42)
+    assert changed is not None and changed[0].end == 0x7F0000200000 and len(parsed) == 3
