@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import errno
 import logging
+import operator
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import NamedTuple, Protocol
@@ -78,14 +79,18 @@ class Symbolizer(Protocol):
 def increase(current: CounterValue, previous: CounterValue | None) -> CounterValue:
     """The increase of a cumulative kernel counter since the previous read. A value lower than
     the previous one means the entry was deleted and re-created in between: all of it is new."""
-    if previous is None or any(c < p for c, p in zip(current, previous, strict=True)):
+    if previous is None:
         return current
-    return CounterValue(*(c - p for c, p in zip(current, previous, strict=True)))
+    # In C (map, min): this runs for every changed key of every flush.
+    diff = tuple(map(operator.sub, current, previous))
+    return current if min(diff) < 0 else CounterValue._make(diff)
 
 
 def apportion(total: int, weights: Sequence[int]) -> list[int]:
     """`total` split in proportion to `weights`, in integers that sum to `total` exactly (largest
     remainders get the units left over). All-zero weights get nothing."""
+    if len(weights) == 1:  # most groups: one stack
+        return [total if total > 0 and weights[0] > 0 else 0]
     whole = sum(weights)
     if whole <= 0 or total <= 0:
         return [0] * len(weights)
@@ -425,21 +430,31 @@ class Aggregator:
         rows = [(i, Counter(b, n)) for i, b, n in zip(ids, blocks, nss, strict=True)]
         if rest:
             rows.append((_NOT_SAMPLED, rest))
+        pkey = info.key
+        totals = self._totals
+        by_reason: dict[Reason, Counter] | None = None
+        of_thread: dict[Reason, Counter] | None = None
         for (user_id, kernel_id), inc in rows:
             if not inc:
                 continue
+            if by_reason is None:  # made only for a process with something counted
+                by_reason = self._process_totals.setdefault(pkey, {})
+                if tid:
+                    of_thread = self._thread_totals.setdefault(pkey, {}).setdefault(tid, {})
             stack = self._stack(symbol_pid, user_id, kernel_id)
-            key = (info.key, tid, reason, stack)
-            self._totals[key] = self._totals.get(key, ZERO) + inc
+            key = (pkey, tid, reason, stack)
+            totals[key] = totals.get(key, ZERO) + inc
             increases[key] = increases.get(key, ZERO) + inc
-            by_reason = self._process_totals.setdefault(info.key, {})
             by_reason[reason] = by_reason.get(reason, ZERO) + inc
-            if tid:
-                of_thread = self._thread_totals.setdefault(info.key, {}).setdefault(tid, {})
+            if of_thread is not None:
                 of_thread[reason] = of_thread.get(reason, ZERO) + inc
-            self._views.pop(info.key, None)
-            for lost in _lost_halves(user_id, kernel_id, stack):
-                self._lost[lost] = self._lost.get(lost, 0) + inc.count
+            # Special ids are below STACK_RESERVED; a captured stack's frames may be reclaimed.
+            if user_id < layout.STACK_RESERVED or kernel_id < layout.STACK_RESERVED or \
+                    stack.user == _RECLAIMED or stack.kernel == _RECLAIMED:
+                for lost in _lost_halves(user_id, kernel_id, stack):
+                    self._lost[lost] = self._lost.get(lost, 0) + inc.count
+        if by_reason is not None:
+            self._views.pop(pkey, None)
         if tid and self.config.thread_names and (tgid, tid) not in self._thread_names:
             self._thread_names[(tgid, tid)] = _thread_name(tgid, tid)
 
@@ -663,15 +678,19 @@ class Aggregator:
 
     def _add_hist(self, key: ProcessKey, tgid: int, slots: list[int]) -> None:
         last = self._hist_read.get(tgid)
-        if last is None or any(s < p for s, p in zip(slots, last, strict=True)):
-            inc = slots  # new, or deleted and re-created since
-        else:
-            inc = [s - p for s, p in zip(slots, last, strict=True)]
         self._hist_read[tgid] = slots
+        if last is None:
+            inc = slots
+        elif slots == last:
+            return
+        else:
+            # In C (map, min): every process's histogram is read at every flush.
+            inc = list(map(operator.sub, slots, last))
+            if min(inc) < 0:
+                inc = slots  # deleted and re-created since
         if any(inc):
             total = self._hist.setdefault(key, [0] * layout.HIST_SLOTS)
-            for i, n in enumerate(inc):
-                total[i] += n
+            total[:] = map(operator.add, total, inc)
 
     def _read_hist(self) -> int:
         """Returns how many entries the kernel's map holds (what map_sizes() would otherwise
@@ -744,26 +763,35 @@ class Aggregator:
     def _view_parts(self, pkey: ProcessKey) -> _ViewParts:
         """A process's totals as a snapshot shows them, made again only after they changed."""
         by_reason = self._process_totals.get(pkey, {})
+        of_threads = self._thread_totals.get(pkey)
         threads = {
-            tid: ThreadView(tid, self._thread_names.get((pkey.pid, tid), ""), sum(of_thread.values(), ZERO),
+            tid: ThreadView(tid, self._thread_names.get((pkey.pid, tid), ""), _sum(of_thread.values()),
                             MappingProxyType(dict(of_thread)))
-            for tid, of_thread in self._thread_totals.get(pkey, {}).items()
-        }
-        return _ViewParts(sum(by_reason.values(), ZERO), MappingProxyType(dict(by_reason)),
-                          MappingProxyType(threads))
+            for tid, of_thread in of_threads.items()
+        } if of_threads else {}
+        return _ViewParts(_sum(by_reason.values()), MappingProxyType(dict(by_reason)), MappingProxyType(threads))
 
     def _blocked_now(self, blocked: dict[int, StartEntry], at: int) -> dict[ProcessKey, dict[Reason, Blocked]]:
-        out: dict[ProcessKey, dict[Reason, Blocked]] = {}
+        # Summed by (tgid, reason) first: tens of thousands of blocked threads, a few per process.
+        earliest: dict[tuple[int, int], list[int]] = {}  # -> [threads, earliest start]
         for block in blocked.values():
-            holder = self.processes.latest(block.tgid)
+            seen = earliest.get((block.tgid, block.reason))
+            if seen is None:
+                earliest[(block.tgid, block.reason)] = [1, block.ts_ns]
+            else:
+                seen[0] += 1
+                seen[1] = min(seen[1], block.ts_ns)
+        out: dict[ProcessKey, dict[Reason, Blocked]] = {}
+        for (tgid, reason_value), (threads, since) in earliest.items():
+            holder = self.processes.latest(tgid)
             if holder is None:
                 continue
             reasons = out.setdefault(holder.key, {})
-            reason = _REASONS.get(block.reason, Reason.OTHER)
-            seen = reasons.get(reason)
-            longest = max(0, at - block.ts_ns)
-            reasons[reason] = Blocked(1, longest) if seen is None else Blocked(
-                seen.threads + 1, max(seen.longest_ns, longest))
+            reason = _REASONS.get(reason_value, Reason.OTHER)
+            longest = max(0, at - since)
+            seen_blocked = reasons.get(reason)  # several kernel reasons shown as OTHER
+            reasons[reason] = Blocked(threads, longest) if seen_blocked is None else Blocked(
+                seen_blocked.threads + threads, max(seen_blocked.longest_ns, longest))
         return out
 
     def _health(self, duration: float, **sizes_known: int) -> Health:
@@ -862,6 +890,14 @@ _ROOT_FUNCTIONS = frozenset({
 def reaches_root(frames: Sequence[Frame]) -> bool:
     """Whether a user stack (leaf first) goes down to its thread's first function."""
     return bool(frames) and frames[-1].name.split(" ", 1)[0].split("@", 1)[0] in _ROOT_FUNCTIONS
+
+
+def _sum(counters: Iterable[Counter]) -> Counter:
+    """The sum of a few counters (most processes block for one reason: no addition made then)."""
+    total: Counter | None = None
+    for counter in counters:
+        total = counter if total is None else total + counter
+    return total or ZERO
 
 
 def _call_sites(addresses: Sequence[int]) -> tuple[int, ...]:

@@ -89,19 +89,23 @@ class InProgress:
         left = probe.read_marks() if ended else {}
         stale = []
         credits = []
+        counted = self._counted
+        # Made anew (every blocked thread, at every flush): what is counted of the blocks still going on.
+        self._counted = still = {}
         for tid, block in eligible.items():
-            start, until = self._counted.get(tid, (0, 0))
-            since = until if start == block.ts_ns else block.ts_ns
-            if tid in ended and left.get(tid) == marks[tid]:
-                stale.append(tid)  # ended before the mark was written: counted by the kernel from `since`
-                continue
+            ts_ns = block.ts_ns
+            if tid in ended:
+                if left.get(tid) == marks[tid]:
+                    stale.append(tid)  # ended before the mark was written: counted by the kernel from `since`
+                    continue
+            else:
+                still[tid] = (ts_ns, at_ns)
+            previous = counted.get(tid)
+            since = previous[1] if previous is not None and previous[0] == ts_ns else ts_ns
             if at_ns > since:
                 credits.append(Credit(tid, block, at_ns - since))
-            self._counted[tid] = (block.ts_ns, at_ns)
         probe.delete_marks(stale)
-        for tid in [tid for tid in self._counted if tid not in eligible or tid in ended]:
-            del self._counted[tid]
-        probe.set_marks_active(bool(self._counted))
+        probe.set_marks_active(bool(still))
         return credits, after
 
     # -- seeding ---------------------------------------------------------------------------
