@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from offcpu_exporter.doctor import describe_stacks
+from offcpu_exporter.symbols.proc_maps import Mapping
 from offcpu_exporter.unwind import TableCache, Unwinder, build, layout
 from offcpu_exporter.unwind.allocator import RangeAllocator
 from offcpu_exporter.unwind.describer import Describer
@@ -247,7 +248,12 @@ def test_looking_again_at_an_unchanged_process_parses_nothing(tmp_path: Path,
     os.symlink("/", proc / "42" / "root")
     parsed: list[int] = []
     real_parse = unwinder_module.parse_maps
-    monkeypatch.setattr(unwinder_module, "parse_maps", lambda text: parsed.append(1) or real_parse(text))
+
+    def counting_parse(text: str) -> list[Mapping]:
+        parsed.append(1)
+        return real_parse(text)
+
+    monkeypatch.setattr(unwinder_module, "parse_maps", counting_parse)
     maps = _SmallMaps(1 << 20)
     unwinder = Unwinder(maps, proc_root=str(proc))  # type: ignore[arg-type]
     first = unwinder.update(42)
