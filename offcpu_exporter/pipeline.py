@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from offcpu_exporter import heap
 from offcpu_exporter.aggregate import Aggregator
+from offcpu_exporter.cycles import CyclePacer
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import ktime_ns
 from offcpu_exporter.probe.maps import KernelMaps
@@ -61,6 +62,7 @@ class Pipeline:
         self.unwind_tables = unwind_tables
         self.describer: Describer | None = None
         self._final_until_ns: int | None = None
+        self.cycles = CyclePacer()  # the loop's (run()): flushes called directly leave the collector alone
 
     # -- what sinks and handlers call (any thread) ----------------------------------------
 
@@ -234,6 +236,7 @@ class Pipeline:
                     self.flush()
                 except Exception:
                     log.exception("flush failed")
+                self.cycles.after_flush()
                 next_flush = time.monotonic() + self.flush_interval
             self._wake.wait(max(0.0, min(next_flush, next_targets) - time.monotonic()))
             self._wake.clear()
@@ -244,6 +247,8 @@ class Pipeline:
             self.flush(final=True)
         except Exception:
             log.exception("final flush failed")
+        finally:
+            self.cycles.close()
 
     def _start_describer(self) -> None:
         if self.probe.unwinder is not None and self.describer is None:

@@ -1,0 +1,80 @@
+"""The cycle collector paced to the flush: what a flush leaves alive is out of collections, and a
+cycle made between full collections is gone once `full_every` has passed."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from offcpu_exporter.cycles import CyclePacer
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other: _Node | None = None
+
+
+def _cycle() -> weakref.ref[_Node]:
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Iterator[_Clock]:
+    yield _Clock()
+    gc.unfreeze()
+
+
+def test_what_a_flush_leaves_alive_is_left_out_of_collections(clock: _Clock) -> None:
+    pacer = CyclePacer(full_every=600.0, clock=clock)
+    garbage = _cycle()
+    pacer.after_flush()
+    assert gc.get_freeze_count() > 0
+    gc.collect()
+    assert garbage() is not None  # frozen: an ordinary collection does not look at it
+    assert pacer.full_collections == 0
+
+
+def test_a_cycle_outlives_no_more_than_full_every(clock: _Clock) -> None:
+    pacer = CyclePacer(full_every=600.0, clock=clock)
+    garbage = _cycle()
+    pacer.after_flush()
+    clock.now += 599.0
+    pacer.after_flush()
+    assert garbage() is not None
+    clock.now += 1.0
+    pacer.after_flush()
+    assert garbage() is None
+    assert pacer.full_collections == 1
+    assert gc.get_freeze_count() > 0  # frozen again after the full collection
+
+
+def test_close_gives_everything_back_to_the_collector(clock: _Clock) -> None:
+    pacer = CyclePacer(full_every=600.0, clock=clock)
+    garbage = _cycle()
+    pacer.after_flush()
+    pacer.close()
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert garbage() is None
+
+
+def test_objects_dropped_while_frozen_are_still_freed(clock: _Clock) -> None:
+    pacer = CyclePacer(full_every=600.0, clock=clock)
+    snapshot = [_Node() for _ in range(10)]
+    alive = weakref.ref(snapshot[0])
+    pacer.after_flush()
+    del snapshot  # reference counting frees what a newer flush replaced; freezing does not hold it
+    assert alive() is None
