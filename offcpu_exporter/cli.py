@@ -137,7 +137,7 @@ def _add_aggregate(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exited-grace", type=seconds, default=_CORE.aggregate.exited_grace_seconds, metavar="DURATION",
                    help="how long an exited process stays in the outputs (default 1m)")
     g.add_argument("--history", type=seconds, default=_CORE.history_seconds, metavar="DURATION",
-                   help="snapshots kept in memory for /flamegraph (default 15m)")
+                   help="history kept in memory for /flamegraph, 1-minute buckets past the last minute (default 15m)")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:

@@ -3,7 +3,6 @@ each snapshot to every sink. Exactly one thread drains the kernel maps."""
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
@@ -12,6 +11,7 @@ from collections.abc import Sequence
 from offcpu_exporter import heap
 from offcpu_exporter.aggregate import Aggregator
 from offcpu_exporter.cycles import CyclePacer
+from offcpu_exporter.history import History
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import ktime_ns
 from offcpu_exporter.probe.maps import KernelMaps
@@ -42,8 +42,7 @@ class Pipeline:
         self._process_events_dropped = 0
         self.sinks: list[Sink] = []
         self._exclude = tuple(exclude)
-        self._history: collections.deque[Snapshot] = collections.deque()
-        self._history_seconds = history_seconds
+        self._history = History(history_seconds)
         self._latest = Snapshot.empty()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -71,9 +70,7 @@ class Pipeline:
             return self._latest
 
     def history(self, seconds: float) -> list[Snapshot]:
-        cutoff = time.time_ns() - int(seconds * 1e9)
-        with self._lock:
-            return [s for s in self._history if s.time_ns >= cutoff]
+        return self._history.since(time.time_ns() - int(seconds * 1e9))
 
     def flush_now(self, timeout: float = 10.0) -> Snapshot:
         """Ask the loop for a flush and wait for its snapshot: one that *started* after this call,
@@ -199,13 +196,10 @@ class Pipeline:
             number = self._flushes_started
         snapshot = self.aggregator.flush(final=final, until_ns=self._final_until_ns if final else None)
         heap.trim_if_grown()  # what the flush allocated for a moment (map reads, new symbols) goes back
+        self._history.add(snapshot)  # first: who waits for this flush reads the history next
         with self._lock:
             self._flushes_done = number
             self._latest = snapshot
-            self._history.append(snapshot)
-            cutoff = snapshot.time_ns - int(self._history_seconds * 1e9)
-            while self._history and self._history[0].time_ns < cutoff:
-                self._history.popleft()
             self._flushed.notify_all()
         for sink in self.sinks:
             try:

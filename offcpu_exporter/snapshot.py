@@ -329,6 +329,9 @@ class Snapshot:
     processes: Mapping[ProcessKey, ProcessView]
     samples: tuple[StackSample, ...]
     health: Health
+    # In the history (history.py): the sequence of the first flush this snapshot sums, whose
+    # increases from `interval_start_ns` it holds together; 0: this flush's own only.
+    merged_from: int = 0
 
     @staticmethod
     def empty(start_time_ns: int = 0) -> Snapshot:

@@ -96,34 +96,35 @@ class Profile:
     @staticmethod
     def over(snapshots: Sequence[Snapshot], keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
         """What happened from the first snapshot to the last (the first one's own increase is
-        before the interval): for consecutive snapshots (no sequence gap) the sum of every
-        snapshot's increase, including rows the last snapshot no longer has; with a gap, the
-        difference of the first and the last only."""
+        before the interval): for consecutive snapshots (no sequence gap; a history bucket counts
+        from its `merged_from`) the sum of every later snapshot's increase, including rows the last
+        snapshot no longer has; with a gap, the difference of the first and the last only (whole
+        snapshots then, not the history's)."""
         if not snapshots:
             raise ValueError("no snapshots")
         ordered = sorted(snapshots, key=lambda s: s.sequence)
         first, last = ordered[0], ordered[-1]
         if len(ordered) == 1:
             return Profile.since_previous(first, keep, description)
-        if any(b.sequence != a.sequence + 1 for a, b in itertools.pairwise(ordered)):
+        if any((b.merged_from or b.sequence) != a.sequence + 1 for a, b in itertools.pairwise(ordered)):
             return Profile.between(first, last, keep, description)
-        # Over consecutive snapshots the sum of a row's increases is its newest total minus its
-        # total in the first one: difference the rows the last snapshot has, and look back through
-        # the history only for the rows it lacks (gone with their process, or folded away).
+        # Increases only: the history keeps the rows that changed, not every row's total.
         keys = _RowKeys()
-        previous = {keys(s): s.total for s in first.samples}
-        newest: dict[_RowKey, StackSample] = {keys(s): s for s in last.samples}
+        summed: dict[_RowKey, tuple[StackSample, Counter]] = {}
         by_id, index_of = keys.by_id, keys.index_of
-        for snapshot in reversed(ordered[1:-1]):
-            # The hot loop of a long history (rows x snapshots): the key is inlined.
+        for snapshot in ordered[1:]:
+            # The hot loop of a long history (changed rows x snapshots): the key is inlined.
             for s in snapshot.samples:
+                if not s.increase:
+                    continue
                 index = by_id.get(id(s.stack))
                 if index is None:
                     index = index_of(s.stack)
-                newest.setdefault((s.process, s.tid, s.reason, index), s)
-        rows = [(s, _growth(s.total, previous.get(key))) for key, s in newest.items()]
-        return _build(first.time_ns, last.time_ns, rows, _known(reversed(ordered)), keep, description,
-                      _sampled_ratio(last, first))
+                key = (s.process, s.tid, s.reason, index)
+                seen = summed.get(key)
+                summed[key] = (s, s.increase if seen is None else seen[1] + s.increase)
+        return _build(first.time_ns, last.time_ns, list(summed.values()), _known(reversed(ordered)), keep,
+                      description, _sampled_ratio(last, first))
 
     @staticmethod
     def since_previous(snapshot: Snapshot, keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:

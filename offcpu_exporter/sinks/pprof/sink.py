@@ -194,10 +194,11 @@ class PprofSink:
         except Exception as e:
             self._warn("history", "pprof: snapshot history unavailable: %s", e)
             history = []
-        sequences = sorted({s.sequence for s in history})
-        if sequences == list(range(before.sequence, after.sequence + 1)) and len(sequences) > 1:
-            unique = {s.sequence: s for s in history}
-            return Profile.over([unique[n] for n in sequences], keep, description)
+        # The history's entries are consecutive; older ones are summed into buckets, and one that
+        # began before `before` cannot be split at it.
+        unique = sorted({s.sequence: s for s in history}.values(), key=lambda s: s.sequence)
+        if len(unique) > 1 and unique[0].sequence == before.sequence and unique[-1].sequence == after.sequence:
+            return Profile.over(unique, keep, description)
         return Profile.between(before, after, keep, description)
 
     # GET /flamegraph?minutes=N[&format=html|folded|text|pprof]
