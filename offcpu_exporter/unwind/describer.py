@@ -64,8 +64,10 @@ class Describer:
 
     @property
     def pending(self) -> int:
+        """Processes waiting for their first description, the one being described now included
+        (`record` waits for them: the worker may have taken the only one off the queue already)."""
         with self._lock:
-            return len(self._queue)
+            return len(self._queue) + self._busy
 
     def wait_idle(self, timeout: float) -> bool:
         """Until nothing is queued (for tests and `record`'s first stacks)."""

@@ -3,6 +3,7 @@ thousands of processes, choosing the next one and the looks themselves stay chea
 
 from __future__ import annotations
 
+import threading
 import time
 
 from offcpu_exporter.unwind.describer import Describer
@@ -39,3 +40,35 @@ def test_looks_again_oldest_first_at_a_bounded_rate() -> None:
     # At most 50 a second, after the first became due (0.2 s after it was described).
     span = max(0.0, again[-1][0] - described_at)
     assert len(again) <= 50 * span + 2
+
+
+class _SlowUnwinder(_Unwinder):
+    """A table that takes a while to build (node's, from a cold cache: seconds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.building = threading.Event()
+        self.release = threading.Event()
+
+    def update(self, pid: int) -> list[object]:
+        self.building.set()
+        self.release.wait(10)
+        return super().update(pid)
+
+
+def test_a_process_being_described_is_still_pending() -> None:
+    unwinder = _SlowUnwinder()
+    describer = Describer(unwinder)  # type: ignore[arg-type]
+    describer.start()
+    try:
+        describer.want(42)
+        assert unwinder.building.wait(5)
+        # Off the queue, not described yet: `record` must still wait for it.
+        assert describer.pending == 1
+        assert not describer.wait_idle(0.1)
+        unwinder.release.set()
+        assert describer.wait_idle(5)
+        assert describer.pending == 0
+    finally:
+        unwinder.release.set()
+        describer.stop()
