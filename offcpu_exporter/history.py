@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Collection
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -80,7 +81,7 @@ class _Names:
             named = self._views[view.info.key] = ProcessView(info=view.info, total=ZERO, by_reason=_NONE)
         return named
 
-    def forget_all_but(self, keys: set[ProcessKey]) -> None:
+    def forget_all_but(self, keys: Collection[ProcessKey]) -> None:
         if len(self._views) > 2 * len(keys):
             self._views = {k: v for k, v in self._views.items() if k in keys}
 
@@ -112,7 +113,7 @@ class History:
     def add(self, snapshot: Snapshot) -> None:
         """The next flush's snapshot (in order of sequence)."""
         changes = _changes(snapshot, self._names)
-        self._names.forget_all_but(set(snapshot.processes))
+        self._names.forget_all_but(snapshot.processes.keys())
         with self._lock:
             self._exact.append(changes)
             exact_from = snapshot.time_ns - self._exact_ns

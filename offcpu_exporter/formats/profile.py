@@ -109,22 +109,10 @@ class Profile:
         if any((b.merged_from or b.sequence) != a.sequence + 1 for a, b in itertools.pairwise(ordered)):
             return Profile.between(first, last, keep, description)
         # Increases only: the history keeps the rows that changed, not every row's total.
-        keys = _RowKeys()
-        summed: dict[_RowKey, tuple[StackSample, Counter]] = {}
-        by_id, index_of = keys.by_id, keys.index_of
+        accumulator = Accumulator(keep)
         for snapshot in ordered[1:]:
-            # The hot loop of a long history (changed rows x snapshots): the key is inlined.
-            for s in snapshot.samples:
-                if not s.increase:
-                    continue
-                index = by_id.get(id(s.stack))
-                if index is None:
-                    index = index_of(s.stack)
-                key = (s.process, s.tid, s.reason, index)
-                seen = summed.get(key)
-                summed[key] = (s, s.increase if seen is None else seen[1] + s.increase)
-        return _build(first.time_ns, last.time_ns, list(summed.values()), _known(reversed(ordered)), keep,
-                      description, _sampled_ratio(last, first))
+            accumulator.add(snapshot)
+        return accumulator.profile(description, since=first)
 
     @staticmethod
     def since_previous(snapshot: Snapshot, keep: ProfileFilter = _KEEP_ALL, description: str = "") -> Profile:
@@ -217,11 +205,17 @@ class Accumulator:
         self._end_ns = snapshot.time_ns
         for pkey, view in snapshot.processes.items():
             self._infos[pkey] = view.info
+        rows, by_id, index_of = self._rows, self._keys.by_id, self._keys.index_of
         for s in snapshot.samples:
-            if s.increase:
-                key = self._keys(s)
-                seen = self._rows.get(key)
-                self._rows[key] = (s, s.increase if seen is None else seen[1] + s.increase)
+            if not s.increase:
+                continue
+            # The hot loop of a long history (changed rows x snapshots): the key is inlined.
+            index = by_id.get(id(s.stack))
+            if index is None:
+                index = index_of(s.stack)
+            key = (s.process, s.tid, s.reason, index)
+            seen = rows.get(key)
+            rows[key] = (s, s.increase if seen is None else seen[1] + s.increase)
 
     @property
     def stacks(self) -> int:
@@ -238,11 +232,15 @@ class Accumulator:
             result += value
         return result
 
-    def profile(self, description: str = "", start_ns: int | None = None) -> Profile:
-        """What was added so far; from `start_ns` (default: the first snapshot's interval start)."""
-        start = start_ns if start_ns is not None else self._start_ns if self._start_ns is not None else self._end_ns
-        # The probe's counters since it started: the run's, for `record`, whose probe starts with it.
-        sampled = _sampled_ratio(self._last) if self._last is not None else None
+    def profile(self, description: str = "", since: Snapshot | None = None) -> Profile:
+        """What was added so far: from the snapshot before the first one added when given (its
+        capture counters are the start of the sampled ratio), else from the first one's interval
+        start, with the ratio since the probe started (`record`'s, whose probe starts with it)."""
+        if since is not None:
+            start: int = since.time_ns
+        else:
+            start = self._start_ns if self._start_ns is not None else self._end_ns
+        sampled = _sampled_ratio(self._last, since) if self._last is not None else None
         return _build(start, self._end_ns, list(self._rows.values()), self._infos, self._keep, description, sampled)
 
 
