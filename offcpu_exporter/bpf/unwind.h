@@ -6,9 +6,9 @@
  * (the pc the task will resume at, then return addresses), and returns the number of frames, or a
  * negative errno when the task has no user registers (kernel thread, 32-bit task).
  *
- * Each frame is looked up in the process's mappings (unwind_processes, written by
- * offcpu_exporter/unwind/ from /proc/PID/maps), the mapping's page index (unwind_pages) and its
- * rows (unwind_rows): the row gives the CFA and where rbp was saved, the return address is at
+ * Each frame is looked up in the process's mappings (unwind_processes says where in
+ * unwind_mappings they are; both written by offcpu_exporter/unwind/ from /proc/PID/maps), the
+ * mapping's page index (unwind_pages) and its rows (unwind_rows): the row gives the CFA and where rbp was saved, the return address is at
  * CFA - 8. Code without a table (JIT code, objects without CFI, processes user space has not
  * described yet) is stepped with the frame pointer instead, so mixed stacks go on through it.
  *
@@ -21,7 +21,8 @@
  *   UNWIND_MAX_FRAMES     frames per stack, the length of the caller's ips buffer (<= 127)
  *   UNWIND_MAX_ROWS       entries of unwind_rows (12 bytes each)
  *   UNWIND_MAX_PAGES      entries of unwind_pages (8 bytes each)
- *   UNWIND_MAX_PROCESSES  processes with tables (unwind_processes, allocated on use: 8 KiB each)
+ *   UNWIND_MAX_PROCESSES  processes with tables (unwind_processes, allocated on use: 8 bytes each)
+ *   UNWIND_MAX_MAPPING_SLOTS  entries of unwind_mappings, all processes' together (32 bytes each)
  *   UNWIND_REGS_BTF       1: user registers through bpf_task_pt_regs(bpf_get_current_task_btf())
  *                         (BTF, 5.15+); 0: from task->stack with the kernel headers' layout
  */
@@ -39,6 +40,7 @@
 
 BPF_ARRAY(unwind_rows, struct unwind_row, UNWIND_MAX_ROWS);
 BPF_ARRAY(unwind_pages, struct unwind_page, UNWIND_MAX_PAGES);
+BPF_ARRAY(unwind_mappings, struct unwind_mapping, UNWIND_MAX_MAPPING_SLOTS);
 BPF_F_TABLE("hash", u32, struct unwind_process, unwind_processes, UNWIND_MAX_PROCESSES, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(unwind_stats, u64, UNWIND_STAT_MAX);
 
@@ -57,10 +59,6 @@ static __always_inline void unwind_stat(u32 index)
 		*v += 1; /* per-CPU slot: no other writer */
 }
 
-/* Hides a value from the compiler's range analysis, so that a mask the verifier needs to bound an
- * index is not dropped as redundant (clang proves it is, the verifier cannot). */
-#define unwind_opaque(x) asm volatile("" : "+r"(x))
-
 /* 1 when a <= b, for values below 2^63 (user addresses), without a branch. */
 static __always_inline u64 unwind_le(u64 a, u64 b)
 {
@@ -71,22 +69,24 @@ static __always_inline u64 unwind_le(u64 a, u64 b)
 static __always_inline struct unwind_mapping *unwind_find_mapping(struct unwind_process *proc, u64 pc)
 {
 	u32 n = proc->count;
+	u32 first = proc->first;
 	if (n == 0 || n > UNWIND_MAX_MAPPINGS)
 		return NULL;
 	u32 lo = 0;
 #pragma unroll
 	for (int k = 0; k < UNWIND_MAX_MAPPINGS_SHIFT; k++) {
 		u32 half = n >> 1;
-		u32 mid = lo + half;
-		unwind_opaque(mid);
-		mid &= UNWIND_MAX_MAPPINGS - 1;
-		u64 take = unwind_le(proc->mappings[mid].start, pc);
+		u32 mid = first + lo + half;
+		struct unwind_mapping *probe = unwind_mappings.lookup(&mid);
+		if (!probe)
+			return NULL;
+		u64 take = unwind_le(probe->start, pc);
 		lo += half & (u32)-take;
 		n = half + ((n & 1) & (u32)take);
 	}
-	unwind_opaque(lo);
-	struct unwind_mapping *m = &proc->mappings[lo & (UNWIND_MAX_MAPPINGS - 1)];
-	if (pc < m->start || pc >= m->end)
+	u32 at = first + lo;
+	struct unwind_mapping *m = unwind_mappings.lookup(&at);
+	if (!m || pc < m->start || pc >= m->end)
 		return NULL;
 	return m;
 }

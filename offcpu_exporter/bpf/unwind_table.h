@@ -53,14 +53,16 @@ struct unwind_mapping {
 	__u32 page_count;
 };
 
-/* The mappings of one process, sorted by start; mappings not listed (JIT code, objects without
- * CFI, anything past UNWIND_MAX_MAPPINGS) are walked with frame pointers. */
+/* Where the mappings of one process are in unwind_mappings: entries [first, first + count), sorted
+ * by start. Mappings not listed (JIT code, objects without CFI, anything past UNWIND_MAX_MAPPINGS)
+ * are walked with frame pointers. Two levels rather than the mappings inline in the process entry:
+ * a process with two objects (a static binary and the vDSO) then takes 72 bytes, not the 8 KiB of
+ * room for UNWIND_MAX_MAPPINGS, so that the maps hold every process of a node of 10,000. */
 #define UNWIND_MAX_MAPPINGS_SHIFT 8
 #define UNWIND_MAX_MAPPINGS (1 << UNWIND_MAX_MAPPINGS_SHIFT)
 struct unwind_process {
-	__u32 count;
-	__u32 pad;
-	struct unwind_mapping mappings[UNWIND_MAX_MAPPINGS];
+	__u32 first; /* index in unwind_mappings */
+	__u32 count; /* at most UNWIND_MAX_MAPPINGS */
 };
 
 /* How a walk ended (struct unwind_state.end, and an index of unwind_stats). */

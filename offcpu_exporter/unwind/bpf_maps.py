@@ -29,16 +29,22 @@ class UnwindMaps:
         self._rows = bpf[layout.MAP_ROWS.encode()]
         self._pages = bpf[layout.MAP_PAGES.encode()]
         self._processes = bpf[layout.MAP_PROCESSES.encode()]
+        self._mappings = bpf[layout.MAP_MAPPINGS.encode()]
         self._stats = bpf[layout.MAP_STATS.encode()]
         self.max_rows = int(self._rows.max_entries)
         self.max_pages = int(self._pages.max_entries)
         self.max_processes = int(self._processes.max_entries)
+        self.max_mappings = int(self._mappings.max_entries)
 
     def write_rows(self, first: int, data: bytes) -> None:
         self._write(self._rows, first, data, ctypes.sizeof(layout.UnwindRow))
 
     def write_pages(self, first: int, data: bytes) -> None:
         self._write(self._pages, first, data, ctypes.sizeof(layout.UnwindPage))
+
+    def write_mappings(self, first: int, data: bytes) -> None:
+        """Packed struct unwind_mapping entries at [first, ...) of unwind_mappings."""
+        self._write(self._mappings, first, data, ctypes.sizeof(layout.UnwindMapping))
 
     @staticmethod
     def _write(table: Any, first: int, data: bytes, size: int) -> None:
@@ -56,9 +62,10 @@ class UnwindMaps:
                 for key, value in zip(keys, values, strict=True):
                     table[key] = value
 
-    def set_process(self, tgid: int, process: layout.UnwindProcess) -> None:
+    def set_process(self, tgid: int, first: int, count: int) -> None:
+        """The process's mappings are entries [first, first + count) of unwind_mappings."""
         table = self._processes
-        table[table.Key(tgid)] = table.Leaf.from_buffer_copy(process)
+        table[table.Key(tgid)] = table.Leaf.from_buffer_copy(layout.UnwindProcess(first, count))
 
     def delete_process(self, tgid: int) -> None:
         table = self._processes
@@ -67,13 +74,17 @@ class UnwindMaps:
 
     # -- reading back (the tables of a process as the BPF walk finds them: see unwind/rows.py) --------
 
-    def read_process(self, tgid: int) -> layout.UnwindProcess | None:
+    def read_process(self, tgid: int) -> list[layout.UnwindMapping] | None:
+        """The mappings of `tgid` as the walk finds them, None when it has no entry."""
         table = self._processes
         try:
             value = table[table.Key(tgid)]
         except KeyError:
             return None
-        return layout.UnwindProcess.from_buffer_copy(value)
+        process = layout.UnwindProcess.from_buffer_copy(value)
+        count = process.count if process.count <= layout.MAX_MAPPINGS else 0
+        data = self._read(self._mappings, process.first, count, ctypes.sizeof(layout.UnwindMapping))
+        return list((layout.UnwindMapping * count).from_buffer_copy(data))
 
     def read_page(self, index: int) -> tuple[int, int] | None:
         """(first row, row count) of page entry `index`."""
@@ -85,10 +96,15 @@ class UnwindMaps:
         return int(page.first), int(page.count)
 
     def read_rows(self, first: int, count: int) -> bytes:
-        """Rows [first, first + count) as packed struct unwind_row, in one BPF_MAP_LOOKUP_BATCH
-        where the kernel has it (5.6+), else one lookup each."""
-        table = self._rows
-        size = ctypes.sizeof(layout.UnwindRow)
+        """Rows [first, first + count) as packed struct unwind_row."""
+        return self._read(self._rows, first, count, ctypes.sizeof(layout.UnwindRow))
+
+    @staticmethod
+    def _read(table: Any, first: int, count: int, size: int) -> bytes:
+        """Entries [first, first + count) of an array, in one BPF_MAP_LOOKUP_BATCH where the kernel
+        has it (5.6+), else one lookup each."""
+        if count == 0:
+            return b""
         keys = (table.Key * count)()
         values = (table.Leaf * count)()
         got = ctypes.c_uint32(count)

@@ -15,6 +15,7 @@ WALK_HEADER = "unwind.h"
 MAP_ROWS = "unwind_rows"
 MAP_PAGES = "unwind_pages"
 MAP_PROCESSES = "unwind_processes"
+MAP_MAPPINGS = "unwind_mappings"
 MAP_STATS = "unwind_stats"
 
 CFA_NONE = 0
@@ -80,11 +81,7 @@ class UnwindMapping(ctypes.Structure):
 
 
 class UnwindProcess(ctypes.Structure):
-    _fields_ = (
-        ("count", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
-        ("mappings", UnwindMapping * MAX_MAPPINGS),
-    )
+    _fields_ = (("first", ctypes.c_uint32), ("count", ctypes.c_uint32))
 
 
 STRUCTS: dict[str, type[ctypes.Structure]] = {

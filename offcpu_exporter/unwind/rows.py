@@ -32,9 +32,7 @@ class MapRows:
 
     def __init__(self, maps: UnwindMaps, tgid: int, pages: dict[int, tuple[list[int], bytes]] | None = None) -> None:
         self._maps = maps
-        process = maps.read_process(tgid)
-        count = process.count if process is not None and process.count <= layout.MAX_MAPPINGS else 0
-        self._mappings = [process.mappings[i] for i in range(count)] if process is not None else []
+        self._mappings = maps.read_process(tgid) or []
         self._starts = [m.start for m in self._mappings]
         self._pages = pages if pages is not None else {}  # page index -> (row pcs, packed rows)
 

@@ -41,7 +41,10 @@ class UnwindConfig:
     max_frames: int = 127  # the probe's user-stack depth
     max_rows: int = 1 << 20  # 12 MiB: libc 28k rows, python3.11 65k, libLLVM-14 950k
     max_pages: int = 1 << 16  # 512 KiB: one entry per 4 KiB of code with tables
-    max_processes: int = 4096  # processes with tables (8 KiB each, allocated on use)
+    # Processes with tables (8 bytes each, allocated on use) and their mappings with tables, all
+    # together (32 bytes each, 8 MiB): a node of 10,000 processes at 26 objects with CFI each.
+    max_processes: int = 1 << 16
+    mapping_slots: int = 1 << 18
     regs_btf: bool | None = None  # None: from the running kernel
 
     def cflags(self) -> list[str]:
@@ -52,5 +55,6 @@ class UnwindConfig:
             f"-DUNWIND_MAX_ROWS={self.max_rows}",
             f"-DUNWIND_MAX_PAGES={self.max_pages}",
             f"-DUNWIND_MAX_PROCESSES={self.max_processes}",
+            f"-DUNWIND_MAX_MAPPING_SLOTS={self.mapping_slots}",
             f"-DUNWIND_REGS_BTF={int(regs_btf)}",
         ]

@@ -71,6 +71,7 @@ class _Process:
     described: list[MappingUnwind]
     complete: bool = True  # False: an object's table was missing, look again even if the maps are the same
     maps_digest: bytes = b""  # of /proc/PID/maps as last read
+    slots: tuple[int, int] = (0, 0)  # (first, count) of its entries in unwind_mappings
 
 
 class Unwinder:
@@ -95,6 +96,7 @@ class Unwinder:
         self._cache = cache or TableCache(None)
         self._rows = RangeAllocator(maps.max_rows if maps else 0)
         self._pages = RangeAllocator(maps.max_pages if maps else 0)
+        self._slots = RangeAllocator(maps.max_mappings if maps else 0)
         self._objects: dict[FileKey, _Object] = {}
         self._processes: dict[int, _Process] = {}
         self._lock = threading.Lock()
@@ -151,6 +153,7 @@ class Unwinder:
             if self._maps is not None:
                 self._maps.delete_process(pid)
             self._written.discard(pid)
+            self._release_slots(known.slots)
             self._release(pid, known.keys)
 
     @property
@@ -208,24 +211,43 @@ class Unwinder:
             log.warning("process %d maps %d objects with unwind tables; the walk takes the first %d",
                         pid, len(entries), layout.MAX_MAPPINGS)
             entries = entries[: layout.MAX_MAPPINGS]
-        if self._maps is not None:
-            process = layout.UnwindProcess()
-            process.count = len(entries)
-            for i, entry in enumerate(sorted(entries, key=lambda e: e.start)):
-                process.mappings[i] = entry
-            try:
-                self._maps.set_process(pid, process)
-            except Exception as exc:  # bcc raises a bare Exception: the map is full (E2BIG)
-                self.no_space += 1
-                self._written.discard(pid)
-                self._no_room_log.log(logging.WARNING, "unwind tables of a process not written (%s; %d processes "
-                                      "have them): frame pointers for it", exc, len(self._written))
-            else:
-                self._written.add(pid)
+        slots = self._write_process(pid, sorted(entries, key=lambda e: e.start))
         if known is not None:
+            self._release_slots(known.slots)
             self._release(pid, known.keys - keys)
-        self._processes[pid] = _Process(mappings, keys, described, complete)
+        self._processes[pid] = _Process(mappings, keys, described, complete, slots=slots)
         return described
+
+    def _write_process(self, pid: int, entries: list[layout.UnwindMapping]) -> tuple[int, int]:
+        """Writes the mapping entries of `pid` into new slots, then points its process entry at them;
+        returns the slots taken. The slots it had before are released by the caller after: a walk
+        in progress reads either the old entries or the new ones, never a half-written list."""
+        if self._maps is None:
+            return (0, 0)
+        first = self._slots.allocate(len(entries)) if entries else 0
+        try:
+            if first is None:
+                raise OSError("no room left for its mappings in unwind_mappings")
+            if entries:
+                self._maps.write_mappings(first, b"".join(bytes(e) for e in entries))
+            self._maps.set_process(pid, first, len(entries))
+        except Exception as exc:  # bcc raises a bare Exception: the map is full (E2BIG)
+            self.no_space += 1
+            self._written.discard(pid)
+            # Its old entry points at slots released now, that another process may take.
+            self._maps.delete_process(pid)
+            if first is not None:
+                self._release_slots((first, len(entries)))
+            self._no_room_log.log(logging.WARNING, "unwind tables of a process not written (%s; %d processes "
+                                  "have them): frame pointers for it", exc, len(self._written))
+            return (0, 0)
+        self._written.add(pid)
+        return (first, len(entries))
+
+    def _release_slots(self, slots: tuple[int, int]) -> None:
+        first, count = slots
+        if count:
+            self._slots.release(first, count)
 
     def _load(self, open_path: str, binary_path: str, pid: int) -> _Object:
         """An object's layout and table, from the cache or built: no lock held, may take seconds."""

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from offcpu_exporter.symbols import Symbolizer
+from offcpu_exporter.unwind import layout
+from offcpu_exporter.unwind.source import UnwindConfig
 from testkit.unwind_harness import Capture, Harness
 from testkit.workloads import build
 
@@ -159,6 +161,36 @@ def test_most_off_cpu_time_reaches_the_root(harness: Harness, started: list) -> 
         print(f"pid {pid}: {unwound:.1%} of off-CPU time reaches the root unwound, {fp:.1%} with frame pointers")
         assert unwound >= 0.9
         assert fp < 0.5
+
+
+def test_the_probes_maps_hold_a_node_of_10000_processes(started: list) -> None:
+    """Issue 27's node: 10,000 processes with tables in the maps the probe declares (its
+    UnwindConfig), each with 4 mappings, and a process whose mappings sit in the last slots of
+    unwind_mappings still walked to its root. The process entry held the mappings inline before
+    (8 KiB each), and the map took 4,096 processes."""
+    config = UnwindConfig()
+    fake, count = 4_000_000, 10_000  # tgids above any pid_max: no real process collides
+    with Harness(config=config) as h:
+        binary = build(TARGET, "unwind_target", OMIT_FP)
+        p = start(started, str(binary), ready="ready")
+        h.watch(p.pid)
+        own = h.maps.read_process(p.pid) or []
+        assert own, "the target has tables"
+        filler = layout.UnwindMapping(0x1000, 0x2000, 0, 0, 0)
+        base = config.mapping_slots // 2
+        h.maps.write_mappings(base, bytes(filler) * (4 * count))
+        for i in range(count):
+            h.maps.set_process(fake + i, base + 4 * i, 4)
+        assert len(h.maps.read_process(fake + count - 1) or []) == 4
+        last = config.mapping_slots - len(own)
+        h.maps.write_mappings(last, b"".join(bytes(m) for m in own))
+        h.maps.set_process(p.pid, last, len(own))
+        try:
+            captures = h.collect(2.0)
+        finally:
+            h.unwatch(p.pid)
+    unwound, _ = root_share(captures, p.pid)
+    assert unwound >= 0.9, unwound
 
 
 def test_frame_pointers_carry_code_without_tables(harness: Harness, started: list) -> None:

@@ -3,6 +3,7 @@ kernel."""
 
 from __future__ import annotations
 
+import ctypes
 import io
 import logging
 import os
@@ -102,10 +103,12 @@ def test_describes_what_each_mapping_relies_on() -> None:
 class _SmallMaps:
     """Unwind maps with room for `max_rows` rows: what a full map looks like to the Unwinder."""
 
-    def __init__(self, max_rows: int, max_processes: int = 64) -> None:
+    def __init__(self, max_rows: int, max_processes: int = 64, max_mappings: int = 1 << 18) -> None:
         self.max_rows, self.max_pages, self.max_processes = max_rows, 1 << 16, max_processes
+        self.max_mappings = max_mappings
         self.rows: dict[int, bytes] = {}
-        self.processes: dict[int, layout.UnwindProcess] = {}
+        self.mappings: dict[int, layout.UnwindMapping] = {}
+        self.processes: dict[int, tuple[int, int]] = {}
 
     def write_rows(self, first: int, data: bytes) -> None:
         self.rows[first] = data
@@ -113,10 +116,22 @@ class _SmallMaps:
     def write_pages(self, first: int, data: bytes) -> None:
         pass
 
-    def set_process(self, tgid: int, process: layout.UnwindProcess) -> None:
+    def write_mappings(self, first: int, data: bytes) -> None:
+        size = ctypes.sizeof(layout.UnwindMapping)
+        for i in range(len(data) // size):
+            assert 0 <= first + i < self.max_mappings
+            self.mappings[first + i] = layout.UnwindMapping.from_buffer_copy(data, i * size)
+
+    def set_process(self, tgid: int, first: int, count: int) -> None:
         if tgid not in self.processes and len(self.processes) >= self.max_processes:
             raise Exception("Could not update table: [Errno 7] Argument list too long")  # as bcc's
-        self.processes[tgid] = process
+        self.processes[tgid] = (first, count)
+
+    def read_process(self, tgid: int) -> list[layout.UnwindMapping] | None:
+        if tgid not in self.processes:
+            return None
+        first, count = self.processes[tgid]
+        return [self.mappings[i] for i in range(first, first + count)]
 
     def delete_process(self, tgid: int) -> None:
         self.processes.pop(tgid, None)
@@ -164,6 +179,50 @@ def test_processes_beyond_the_process_map_are_counted_and_logged_once(
         assert len([r for r in caplog.records if "not written" in r.getMessage()]) == 1
         unwinder.forget(sleepers[0].pid)
         assert unwinder.processes == 0
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+
+
+def _sleep() -> subprocess.Popen[bytes]:
+    """A `sleep 60` whose libraries are mapped (its dynamic loader is done)."""
+    p = subprocess.Popen(["sleep", "60"])
+    deadline = time.monotonic() + 10
+    while "libc.so" not in Path(f"/proc/{p.pid}/maps").read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return p
+
+
+def test_mapping_slots_are_shared_by_all_processes_and_given_back(tmp_path: Path) -> None:
+    """The mappings of every process share one array (two levels: a process entry says where its
+    mappings are), so a process with three objects takes three slots, not room for 256. Slots of a
+    process that exited go to the next one; a process that does not fit is walked with frame
+    pointers, counted, and its entry is not left pointing at slots it does not hold."""
+    probe = _sleep()
+    try:
+        sizer = Unwinder(_SmallMaps(1 << 20), cache=TableCache(str(tmp_path)))  # type: ignore[arg-type]
+        per_process = sum(d.method == CFI for d in sizer.update(probe.pid) or [])
+    finally:
+        probe.kill()
+        probe.wait()
+    assert per_process >= 2  # sleep, libc, ld.so
+
+    maps = _SmallMaps(1 << 20, max_mappings=per_process + 1)
+    unwinder = Unwinder(maps, cache=TableCache(str(tmp_path)))  # type: ignore[arg-type]
+    sleepers = [_sleep() for _ in range(3)]
+    try:
+        first, second, third = (p.pid for p in sleepers)
+        unwinder.update(first)
+        assert maps.processes[first] == (0, per_process)
+        starts = [m.start for m in maps.read_process(first) or []]
+        assert starts == sorted(starts) and len(starts) == per_process
+        unwinder.update(second)  # one slot left: walked with frame pointers
+        assert second not in maps.processes and unwinder.no_space == 1 and unwinder.processes == 1
+        unwinder.forget(first)
+        unwinder.update(third)  # takes the slots the first one gave back
+        assert maps.processes[third] == (0, per_process) and unwinder.processes == 1
+        assert len(maps.read_process(third) or []) == per_process
     finally:
         for p in sleepers:
             p.kill()
