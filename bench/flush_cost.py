@@ -231,7 +231,7 @@ def measure_one(stacks: int, flushes: int, interval: float, profile: bool, rate:
             "folded_render_seconds": summary(folded),
             "prometheus_render_seconds": summary(prom_times) if prom is not None else None,
             "prometheus_bytes": prom_bytes,
-            "lost_stacks": dict(health.lost_stacks),
+            "lost_stacks": {f"{half}:{reason}": n for (half, reason), n in health.lost_stacks.items()},
             "reported_flush_duration_seconds": health.flush_duration_seconds,
         }
         if profiler is not None:

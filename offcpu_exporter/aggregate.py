@@ -41,6 +41,7 @@ from offcpu_exporter.snapshot import (
     Frame,
     FrameKind,
     Health,
+    LostHalf,
     ProcessInfo,
     ProcessKey,
     ProcessView,
@@ -239,7 +240,7 @@ class Aggregator:
         # the same object (and its cached hash) every flush, instead of a new one per changed key.
         self._stacks: dict[tuple[int, int, int], Stack] = {}
         self._thread_names: dict[tuple[int, int], str] = {}
-        self._lost: dict[str, int] = {}
+        self._lost: dict[LostHalf, int] = {}
         self._hist: dict[ProcessKey, list[int]] = {}  # cumulative block counts per duration slot
         self._hist_read: dict[int, list[int]] = {}  # tgid -> the kernel's slots at the last read
         self._flushes = 0
@@ -907,15 +908,15 @@ def _call_sites(addresses: Sequence[int]) -> tuple[int, ...]:
     return (addresses[0], *(a - 1 for a in addresses[1:])) if addresses else ()
 
 
-def _lost_halves(user_id: int, kernel_id: int, stack: Stack) -> list[str]:
-    """`half:REASON` of each half of a stack that was lost (Health.lost_stacks keys)."""
+def _lost_halves(user_id: int, kernel_id: int, stack: Stack) -> list[LostHalf]:
+    """Each half of a stack that was lost, and why."""
     out = []
     for half, sid, frames in (("user", user_id, stack.user), ("kernel", kernel_id, stack.kernel)):
         if layout.STACK_ERRNO_BASE <= sid < layout.STACK_RESERVED:
             number = sid - layout.STACK_ERRNO_BASE
-            out.append(f"{half}:{errno.errorcode.get(number, str(number))}")
+            out.append(LostHalf(half, errno.errorcode.get(number, str(number))))
         elif frames == _RECLAIMED:
-            out.append(f"{half}:RECLAIMED")
+            out.append(LostHalf(half, "RECLAIMED"))
     return out
 
 

@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 __all__ = [
     "HISTOGRAM_BUCKETS_US",
@@ -20,6 +21,7 @@ __all__ = [
     "Frame",
     "FrameKind",
     "Health",
+    "LostHalf",
     "ProcessInfo",
     "ProcessKey",
     "ProcessView",
@@ -190,6 +192,13 @@ class Counter:
 ZERO = Counter()
 
 
+class LostHalf(NamedTuple):
+    """A half of a stack that was not captured, and why (the keys of Health.lost_stacks)."""
+
+    half: str  # "user" | "kernel"
+    reason: str  # an errno name (ENOMEM: the stack map was full; EFAULT: not captured) or "RECLAIMED"
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessKey:
     """A process identity that survives PID reuse: the pid and its start time in clock ticks
@@ -291,7 +300,7 @@ class Health:
     attach_mode: str = ""  # "kprobe" | "tracepoint"
     hooked_symbols: tuple[str, ...] = ()
     probe_attached: bool = False
-    lost_stacks: Mapping[str, int] = field(default_factory=dict)  # reason -> switches with a lost half
+    lost_stacks: Mapping[LostHalf, int] = field(default_factory=dict)  # switches with a lost half
     map_entries: Mapping[str, int] = field(default_factory=dict)  # map -> entries now
     map_capacity: Mapping[str, int] = field(default_factory=dict)  # map -> max entries
     map_dropped: Mapping[str, int] = field(default_factory=dict)  # map -> updates refused (full)

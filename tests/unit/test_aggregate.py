@@ -17,7 +17,7 @@ from offcpu_exporter import aggregate
 from offcpu_exporter.aggregate import AggregateConfig, Aggregator, apportion, increase
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import CounterValue, StartEntry, ktime_ns
-from offcpu_exporter.snapshot import ZERO, Counter, Frame, FrameKind, Reason
+from offcpu_exporter.snapshot import ZERO, Counter, Frame, FrameKind, LostHalf, Reason
 from offcpu_exporter.symbols import UNKNOWN
 from offcpu_exporter.targets import ProcessTable, TargetRules
 from testkit.kernel_maps import MemoryMaps, exact, key
@@ -209,7 +209,7 @@ def test_lost_stacks_become_placeholder_frames_and_are_counted(proc: Path) -> No
     names = {_names(s) for s in snap.samples}
     assert (("[lost stack: stack map full]",), ("ka", "kb")) in names
     assert ((), ("[lost stack: not captured]",)) in names  # no user stack: empty half, not lost
-    assert snap.health.lost_stacks == {"user:ENOMEM": 4, "kernel:EFAULT": 1}
+    assert snap.health.lost_stacks == {LostHalf("user", "ENOMEM"): 4, LostHalf("kernel", "EFAULT"): 1}
     assert sum((s.total for s in snap.samples), ZERO) == snap.processes[snap.samples[0].process].total
 
 

@@ -340,8 +340,8 @@ class OffCPUCollector:
     def _add_health(self, fams: Mapping[str, _Family], h: Health, view: SelectionView) -> None:
         mode = h.attach_mode or "none"
         fams["offcpu_exporter_probe_attached"].add_metric([mode], 1 if h.probe_attached else 0)
-        for key, n in sorted(h.lost_stacks.items()):
-            fams["offcpu_exporter_lost_stacks"].add_metric(list(_lost_stack_labels(key)), n)
+        for (half, reason), n in sorted(h.lost_stacks.items()):
+            fams["offcpu_exporter_lost_stacks"].add_metric([half, reason], n)
         for name, fam in (
             ("map_entries", "offcpu_exporter_map_entries"),
             ("map_capacity", "offcpu_exporter_map_capacity"),
@@ -394,14 +394,5 @@ def _add_histogram(fam: HistogramMetricFamily, labels: list[str], slots: Sequenc
     # The sum is the off-CPU time of its processes: the histogram counts the same blocks
     # (offcpu_exporter/bpf/offcpu.bpf.c, account()), so _sum/_count is the mean block duration.
     fam.add_metric(labels, buckets, total.seconds)
-
-
-def _lost_stack_labels(key: str) -> tuple[str, str]:
-    """Health.lost_stacks keys are ``half:reason`` (``user:efault``); a bare key is a reason."""
-    for sep in (":", "/"):
-        half, found, reason = key.partition(sep)
-        if found:
-            return half, reason
-    return "", key
 
 

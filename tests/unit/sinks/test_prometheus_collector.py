@@ -20,7 +20,16 @@ from offcpu_exporter.sinks.prometheus import sink as prom_sink
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
 from offcpu_exporter.sinks.prometheus.exposition import ExpositionCache
 from offcpu_exporter.sinks.prometheus.top_series import Selection
-from offcpu_exporter.snapshot import HISTOGRAM_BUCKETS_US, Frame, FrameKind, Health, Reason, Snapshot, Stack
+from offcpu_exporter.snapshot import (
+    HISTOGRAM_BUCKETS_US,
+    Frame,
+    FrameKind,
+    Health,
+    LostHalf,
+    Reason,
+    Snapshot,
+    Stack,
+)
 from offcpu_exporter.web import Request, Routes
 from testkit.snapshots import LIBC, SEC, Builder, kernel, many_stacks, process, stack
 
@@ -463,7 +472,7 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
         attach_mode="tracepoint",
         hooked_symbols=("sched:sched_switch",),
         probe_attached=True,
-        lost_stacks={"user:efault": 4, "kernel:enomem": 1},
+        lost_stacks={LostHalf("user", "EFAULT"): 4, LostHalf("kernel", "ENOMEM"): 1},
         map_entries={"counts": 10},
         map_capacity={"counts": 10240},
         map_dropped={"counts": 3},
@@ -503,8 +512,8 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
         ({"mode": "tracepoint", "symbol": "sched:sched_switch"}, 1.0)
     ]
     assert {(lab["half"], lab["reason"]): v for lab, v in samples(text, "offcpu_exporter_lost_stacks_total")} == {
-        ("user", "efault"): 4,
-        ("kernel", "enomem"): 1,
+        ("user", "EFAULT"): 4,
+        ("kernel", "ENOMEM"): 1,
     }
     assert samples(text, "offcpu_exporter_map_capacity") == [({"map": "counts"}, 10240.0)]
     assert samples(text, "offcpu_exporter_map_dropped_total") == [({"map": "counts"}, 3.0)]
