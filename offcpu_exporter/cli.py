@@ -18,10 +18,8 @@ from offcpu_exporter.config import (
     Duration,
     apply_config_file,
     config_path,
-    deprecated_spellings,
     parse_regex,
     positive_int,
-    replace_deprecated,
     seconds,
 )
 from offcpu_exporter.core import CoreConfig
@@ -199,19 +197,16 @@ def build_parser(outputs: Sequence[OutputOptions] | None = None) -> argparse.Arg
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = build_parser()
-    old = deprecated_spellings(_subparsers(parser))
-    argv, deprecated = replace_deprecated(argv, old)
     path = config_path(argv)
     if path is not None:
         try:
             # The config file fills defaults of the subcommand it is given to.
             command = next((a for a in argv if not a.startswith("-")), None)
             sub = _subparser(parser, command)
-            deprecated += apply_config_file(sub, path, old)
+            apply_config_file(sub, path)
         except ConfigError as e:
             parser.error(str(e))
     options = parser.parse_args(argv)
-    options._deprecated = deprecated
     if options.command == "serve":
         from offcpu_exporter.web.config_file import WebConfigError
         from offcpu_exporter.web.options import parse_listen_address
@@ -487,8 +482,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     options = parse_args(args)
     logfmt.configure_logging(options.log_level, options.log_format)
-    for old, new in options._deprecated:
-        log.warning("%s is deprecated and will be removed: use %s", old, new)
     commands = {"serve": cmd_serve, "record": cmd_record, "doctor": cmd_doctor}
     handler = commands.get(options.command) or getattr(options, "handler", None)
     if handler is None:

@@ -6,9 +6,7 @@ type: `flush-interval: 5s`, `pid: [1234, 5678]`, `web.listen-address: "127.0.0.1
 so a wrong type is an error at start-up.
 
 Flags follow node_exporter's style: the options of a component are `--component.option`
-(`--web.listen-address`, `--log.level`, `--otlp.endpoint`). The dashed spellings they had before
-(`--log-level`, `--otlp-endpoint`, `--config`) are still accepted, on the command line and as config
-file keys, and logged as deprecated; `--help` shows only the current names.
+(`--web.listen-address`, `--log.level`, `--otlp.endpoint`).
 """
 
 from __future__ import annotations
@@ -25,13 +23,11 @@ __all__ = [
     "Duration",
     "apply_config_file",
     "config_path",
-    "deprecated_spellings",
     "format_duration",
     "parse_duration",
     "parse_regex",
     "parse_seconds",
     "positive_int",
-    "replace_deprecated",
     "seconds",
 ]
 
@@ -130,40 +126,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-# Groups whose flags were `--group-option` before they took the dotted style.
-_FORMERLY_DASHED = re.compile(r"--(no-)?(log|otlp|skywalking|kubernetes)\.(.+)")
-_RENAMED = {"--config": "--config.file"}
-
-
-def deprecated_spellings(parsers: Sequence[argparse.ArgumentParser]) -> dict[str, str]:
-    """Old spelling -> current flag: `--otlp-endpoint` -> `--otlp.endpoint`, `--no-otlp-metrics` ->
-    `--no-otlp.metrics`, `--log-level` -> `--log.level`, `--config` -> `--config.file`."""
-    old = dict(_RENAMED)
-    for parser in parsers:
-        for action in parser._actions:
-            for flag in action.option_strings:
-                m = _FORMERLY_DASHED.fullmatch(flag)
-                if m:
-                    old[f"--{m[1] or ''}{m[2]}-{m[3]}"] = flag
-    return old
-
-
-def replace_deprecated(argv: Sequence[str], old: dict[str, str]) -> tuple[list[str], list[tuple[str, str]]]:
-    """`argv` with old spellings replaced, and the (old, new) pairs that were used."""
-    out: list[str] = []
-    used: list[tuple[str, str]] = []
-    for i, arg in enumerate(argv):
-        if arg == "--":
-            out.extend(argv[i:])
-            break
-        name, eq, value = arg.partition("=")
-        if name in old:
-            used.append((name, old[name]))
-            arg = old[name] + eq + value
-        out.append(arg)
-    return out, used
-
-
 def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     by_name: dict[str, argparse.Action] = {}
     for action in parser._actions:
@@ -207,11 +169,8 @@ def _convert(action: argparse.Action, name: str, value: Any) -> Any:
     return one(value)
 
 
-def apply_config_file(
-    parser: argparse.ArgumentParser, path: str, old: dict[str, str] | None = None
-) -> list[tuple[str, str]]:
-    """Load `path` and make its values the parser's defaults (flags still override them). Returns the
-    deprecated keys it used, with their current names (`old`, from `deprecated_spellings`)."""
+def apply_config_file(parser: argparse.ArgumentParser, path: str) -> None:
+    """Load `path` and make its values the parser's defaults (flags still override them)."""
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
@@ -222,24 +181,18 @@ def apply_config_file(
         at = f" at line {where.line + 1}" if where is not None else ""
         raise ConfigError(f"config file {path} is not valid YAML{at}") from None
     if data is None:
-        return []
+        return
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of option names to values")
     actions = _actions(parser)
     defaults: dict[str, Any] = {}
-    used: list[tuple[str, str]] = []
     for key, value in data.items():
         name = str(key)
-        current = (old or {}).get(f"--{name}") or (old or {}).get(f"--{name.replace('_', '-')}")
-        if current is not None:
-            used.append((name, current[2:]))
-            name = current[2:]
         action = actions.get(name) or actions.get(name.replace("_", "-"))
         if action is None or name in ("config", "config.file", "help"):
             raise ConfigError(f"config file {path}: unknown option {str(key)!r}")
         defaults[action.dest] = _convert(action, name, value)
     parser.set_defaults(**defaults)
-    return used
 
 
 def config_path(argv: Sequence[str]) -> str | None:

@@ -1,11 +1,10 @@
-"""One flag style (node_exporter's dotted `--component.option`), the former dashed spellings kept as
-hidden aliases that log a deprecation, and `--log.format json` writing real JSON lines."""
+"""One flag style (node_exporter's dotted `--component.option`) and `--log.format json` writing real
+JSON lines."""
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from offcpu_exporter import cli
-from offcpu_exporter.config import deprecated_spellings
 from offcpu_exporter.logfmt import JsonFormatter, LogfmtFormatter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,10 +22,6 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=60)
 
 
-def _deprecated() -> dict[str, str]:
-    return deprecated_spellings(cli._subparsers(cli.build_parser()))
-
-
 def test_node_exporter_names() -> None:
     help_text = _run("serve", "--help").stdout
     for flag in ("--log.level", "--log.format", "--web.listen-address", "--web.config.file", "--config.file",
@@ -35,15 +29,9 @@ def test_node_exporter_names() -> None:
         assert flag in help_text, flag
 
 
-def test_one_style_and_old_spellings_hidden() -> None:
-    old = _deprecated()
-    assert {"--log-level", "--config", "--otlp-endpoint", "--no-otlp-metrics", "--skywalking-endpoint",
-            "--kubernetes-metadata"} <= old.keys()
+def test_one_style() -> None:
     parser = cli.build_parser()
     for sub in cli._subparsers(parser):
-        text = sub.format_help()
-        for spelling in old:
-            assert not re.search(rf"(?<![\w.-]){re.escape(spelling)}(?![\w.-])", text), spelling
         for action in sub._actions:
             for flag in action.option_strings:
                 # --component.option or a plain --option of the exporter itself; words joined by dashes.
@@ -52,30 +40,27 @@ def test_one_style_and_old_spellings_hidden() -> None:
                                                                      "web", "prometheus", "pprof")), flag
 
 
-def test_old_spellings_still_work(tmp_path: Path) -> None:
+@pytest.mark.parametrize("argv", [["serve", "--log-level", "debug"], ["serve", "--otlp-endpoint=http://127.0.0.1:4317"],
+                                  ["serve", "--no-otlp-metrics"]])
+def test_dashed_spellings_are_not_flags(argv: list[str]) -> None:
+    """Only the dotted names exist: a dashed spelling is an unknown flag, not an alias."""
+    with pytest.raises(SystemExit):
+        cli.parse_args(argv)
+
+
+def test_dashed_config_file_key_is_unknown(tmp_path: Path) -> None:
     config = tmp_path / "c.yml"
-    config.write_text("otlp-timeout: 3s\nkubernetes.refresh-interval: 1m\n")
-    options = cli.parse_args(["serve", "--log-level", "debug", "--otlp-endpoint=http://127.0.0.1:4317",
-                              "--no-otlp-metrics", "--kubernetes-metadata", "off", "--config", str(config)])
-    assert (options.log_level, options.otlp_endpoint, options.otlp_metrics, options.kubernetes_metadata) == (
-        "debug", "http://127.0.0.1:4317", False, "off")
-    assert options.otlp_timeout == 3.0 and options.kubernetes_refresh_interval == 60.0
-    assert sorted(options._deprecated) == sorted([
-        ("--log-level", "--log.level"), ("--otlp-endpoint", "--otlp.endpoint"),
-        ("--no-otlp-metrics", "--no-otlp.metrics"),
-        ("--kubernetes-metadata", "--kubernetes.metadata"), ("--config", "--config.file"),
-        ("otlp-timeout", "otlp.timeout")])
+    config.write_text("otlp-timeout: 3s\n")
+    r = _run("serve", "--config.file", str(config))
+    assert r.returncode == 2 and "unknown option 'otlp-timeout'" in r.stderr, r.stderr
 
 
-def test_deprecated_spelling_logs_a_warning_as_json(tmp_path: Path) -> None:
-    empty = tmp_path / "empty.sw"
-    empty.write_bytes(b"")
-    r = _run("skywalking-dump", "--log-level", "info", "--log.format", "json", str(empty))
-    assert r.returncode == 0, r.stderr
-    records = [json.loads(line) for line in r.stderr.splitlines()]
-    assert {"level": "warn", "source": "offcpu_exporter",
-            "msg": "--log-level is deprecated and will be removed: use --log.level"}.items() <= records[0].items()
-    assert records[0]["time"].endswith("Z")
+def test_log_format_json_writes_json_lines() -> None:
+    r = _run("record", "--log.format", "json", "--pid", "999999")
+    assert r.returncode != 0
+    records = [json.loads(line) for line in r.stderr.splitlines() if line.startswith("{")]
+    assert records, r.stderr
+    assert set(records[0]) >= {"time", "level", "source", "msg"} and records[0]["time"].endswith("Z")
 
 
 def test_formats_one_line_each() -> None:
