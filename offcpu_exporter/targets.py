@@ -138,6 +138,10 @@ class ProcessTable:
         self.enrich = enrich or (lambda info: info)
         self._enriches = enrich is not None
         self._by_pid: dict[int, _Entry] = {}  # live processes
+        # Live processes enrich() may still say more of (_unsettled): looked at again at every
+        # refresh. Kept as a set rather than found by testing every process at every refresh,
+        # which at 10,000 processes was a clock read each, once a second.
+        self._settling: set[int] = set()
         # Changes whenever a process is added, exits, exec's or is forgotten: what is derived from
         # the whole table (the pipeline's per-process preparation) is redone only then.
         self.version = 0
@@ -160,6 +164,7 @@ class ProcessTable:
                 continue
             self._pinned[pid] = info.key
             self._by_pid[pid] = _Entry(self.enrich(info), watched=True)
+            self._track(pid)
             self.version += 1
         return errors
 
@@ -201,9 +206,10 @@ class ProcessTable:
             candidates = changed if self.rules.scans else ()
             # Pod names arrive once the pod list has caught up with a new pod, and a process seen
             # while its runtime was still moving it into the container's cgroup gets its container.
-            if self._enriches:
-                for pid in [pid for pid, e in self._by_pid.items() if self._unsettled(e.info)]:
+            for pid in list(self._settling):
+                if pid in self._by_pid:
                     self._by_pid[pid].info = self.enrich(self._by_pid[pid].info)
+                self._track(pid)
         for pid in candidates:
             if pid not in self._by_pid:
                 self._consider(pid, added)
@@ -225,10 +231,12 @@ class ProcessTable:
                 entry.info, comm=current.comm, exe=current.exe, cmdline=cmdline.cmdline if cmdline else ()
             )
             self._events.append(Exec(entry.info))
+            self._track(pid)
             self.version += 1
         elif not entry.info.pod:
             # (offcpu_exporter/k8s; cheap when nothing changed)
             entry.info = self.enrich(entry.info)
+            self._track(pid)
 
     def _consider(self, pid: int, added: list[ProcessInfo]) -> None:
         """A process not in the table: watched from now on if the rules select it."""
@@ -238,9 +246,18 @@ class ProcessTable:
         info = self.enrich(info)
         if self._matches(info):
             self._by_pid[info.pid] = _Entry(info, watched=True)
+            self._track(info.pid)
             self.version += 1
             added.append(info)
             self._note_reuse(info)
+
+    def _track(self, pid: int) -> None:
+        """Keeps `pid` in the settling set exactly while its process is live and unsettled."""
+        entry = self._by_pid.get(pid)
+        if entry is not None and self._unsettled(entry.info):
+            self._settling.add(pid)
+        else:
+            self._settling.discard(pid)
 
     def _unsettled(self, info: ProcessInfo) -> bool:
         """Whether enrich() may still add to what it said of this process (see SETTLE_SECONDS)."""
@@ -262,6 +279,7 @@ class ProcessTable:
 
     def _retire(self, pid: int, now: float) -> ProcessInfo:
         entry = self._by_pid.pop(pid)
+        self._settling.discard(pid)
         self.version += 1
         entry.exited_at = now
         entry.info = replace(entry.info, exited=True)
@@ -297,6 +315,7 @@ class ProcessTable:
         # With --all every live process the kernel counted is a target; else only followed children.
         watched = self.rules.watch_all or (self.rules.follow_children and parent is not None)
         self._by_pid[pid] = _Entry(info, watched=watched)
+        self._track(pid)
         self.version += 1
         return info
 

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from offcpu_exporter import targets
 from offcpu_exporter.k8s.metadata import PodMetadata
 from offcpu_exporter.k8s.selection import WorkloadSelector
+from offcpu_exporter.snapshot import ProcessInfo
 from offcpu_exporter.targets import ProcessTable, TargetRules, kubernetes_enricher, kubernetes_predicate
 
 UID_SHOP = "dde1244b-5bb5-4297-b544-85f3bc0d80bf"
@@ -127,3 +133,43 @@ def test_a_process_moved_into_its_container_after_it_was_seen(tmp_path: Path) ->
     table.refresh()
     host = table.info(500)
     assert host is not None and host.container_id == ""
+
+
+def test_only_unsettled_processes_are_enriched_again_at_each_refresh(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refresh driven by the kernel's events looks again at the processes whose identity may still
+    change (young ones, or in a container whose pod is not listed yet), not at every process: at
+    10,000 processes that was a clock read each, once a second."""
+    hz = os.sysconf("SC_CLK_TCK")
+    boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    for pid in range(1000, 1200):  # on the host, started an hour ago: settled
+        write_process(tmp_path, pid, "old", "0::/system.slice/a.service\n", start_ticks=int((boot - 3600) * hz))
+    write_process(tmp_path, 300, "young", "0::/system.slice/b.service\n", start_ticks=int(boot * hz))
+    calls: list[int] = []
+    listed: set[int] = set()  # processes whose pod the API server has listed
+
+    def enrich(info: ProcessInfo) -> ProcessInfo:
+        calls.append(info.pid)
+        return replace(info, pod="shop-1") if info.pid in listed else info
+
+    table = ProcessTable(TargetRules(comm=re.compile(".")), proc_root=str(tmp_path), enrich=enrich)
+    table.refresh()
+    clock_reads = [0]
+    real_clock = time.clock_gettime
+
+    def counted(clock: int) -> float:
+        clock_reads[0] += 1
+        return real_clock(clock)
+
+    monkeypatch.setattr(targets.time, "clock_gettime", counted)
+    calls.clear()
+    table.refresh(changed=set())
+    assert calls == [300]
+    assert clock_reads[0] <= 2, "the age of every process was looked at"
+    listed.add(300)  # its pod is listed: settled from now on
+    table.refresh(changed=set())
+    calls.clear()
+    table.refresh(changed=set())
+    assert calls == []
+    info = table.info(300)
+    assert info is not None and info.pod == "shop-1"
