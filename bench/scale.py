@@ -303,10 +303,7 @@ def one_size(binary: Path, count: int, rate: float, duration: float, warmup: flo
     window = t1 - t0
     flushes = {v["offcpu_exporter_last_flush_timestamp_seconds"]: v["offcpu_exporter_last_flush_duration_seconds"]
                for v in views if "offcpu_exporter_last_flush_timestamp_seconds" in v}
-    first, last = views[0], views[-1]
-    # Before its first flush the exporter serves its counters as 0: differences from such a read
-    # are since it started, warm-up included, and are labelled so.
-    since_start = first.get("offcpu_exporter_flushes_total", 0.0) == 0
+    first, last = views[0], views[-1]  # the first read is after the warm-up's flushes (settled())
     losses = {k: {"end": v, "window": v - first.get(k, 0.0)} for k, v in last.items()
               if any(w in k.split("{")[0] for w in LOSS_WORDS) and v > 0}
     figures.update(
@@ -318,9 +315,8 @@ def one_size(binary: Path, count: int, rate: float, duration: float, warmup: flo
         targets=[v.get("offcpu_exporter_targets") for v in views], processes_on_machine=on_machine,
         unwind_processes=[v.get("offcpu_exporter_unwind_processes") for v in views],
         rate_sampled=len(deltas), rate_achieved=statistics.mean(deltas) * count / window if deltas else 0.0,
-        counters_since_start=since_start,
-        probe_blocks_per_second=None if since_start else (last.get("offcpu_exporter_blocks_total", 0.0)
-                                                          - first.get("offcpu_exporter_blocks_total", 0.0)) / window,
+        probe_blocks_per_second=(last.get("offcpu_exporter_blocks_total", 0.0)
+                                 - first.get("offcpu_exporter_blocks_total", 0.0)) / window,
         losses=losses, log_problems=log_problems(log.name), self_metrics_end=last, context=clock.done(),
     )
     return figures
@@ -356,20 +352,16 @@ def size_rows(f: dict[str, Any], rate: float) -> tuple[list[Row], bool]:
             f"median of {len(f['scrapes'])}; body {f.get('scrape_bytes', 0) / 1024:,.0f} KiB uncompressed")
     grew = [f"{k} +{v['window']:g}" for k, v in f["losses"].items() if v["window"] > 0]
     losses = ", ".join(grew) or "no loss counter grew"
-    if f["counters_since_start"]:
-        losses = f"since the exporter started (no flush before the window): {losses}"
     rows.append(Row("scale", f"{name}: processes watched (offcpu_exporter_targets)", f"{watched:,}",
                     " / ".join(f"{t:,.0f}" for t in f["targets"] if t is not None), "", None, busy,
                     f"lowest of {len(f['targets'])} reads; user processes in /proc then: "
                     f"{min(f['processes_on_machine']):,}..{max(f['processes_on_machine']):,}; unwind tables for "
                     f"{f['unwind_processes'][-1] or 0:,.0f} processes; {losses}; "
                     f"{len(f['log_problems'])} log lines at warning or above"))
-    probe = f["probe_blocks_per_second"]
     rows.append(Row("scale", f"{name}: blocks/s made by the sleepers", f"{f['rate_achieved']:,.0f}", "",
                     f"{rate:,.0f} (+-10%)", None, busy,
                     f"voluntary switches of {f['rate_sampled']} sleepers picked at random, scaled to {n:,}; "
-                    + ("the probe's count not read: no flush before the window" if probe is None else
-                       f"the probe counted {probe:,.0f} blocks/s machine-wide")))
+                    f"the probe counted {f['probe_blocks_per_second']:,.0f} blocks/s machine-wide"))
     return rows, valid
 
 

@@ -163,9 +163,7 @@ class ProcessTable:
                 self._pinned[pid] = None
                 continue
             self._pinned[pid] = info.key
-            self._by_pid[pid] = _Entry(self.enrich(info), watched=True)
-            self._track(pid)
-            self.version += 1
+            self._add(self.enrich(info), watched=True)
         return errors
 
     @property
@@ -245,11 +243,14 @@ class ProcessTable:
             return
         info = self.enrich(info)
         if self._matches(info):
-            self._by_pid[info.pid] = _Entry(info, watched=True)
-            self._track(info.pid)
-            self.version += 1
+            self._add(info, watched=True)
             added.append(info)
             self._note_reuse(info)
+
+    def _add(self, info: ProcessInfo, *, watched: bool) -> None:
+        self._by_pid[info.pid] = _Entry(info, watched=watched)
+        self._track(info.pid)
+        self.version += 1
 
     def _track(self, pid: int) -> None:
         """Keeps `pid` in the settling set exactly while its process is live and unsettled."""
@@ -314,9 +315,7 @@ class ProcessTable:
         info = self.enrich(info)
         # With --all every live process the kernel counted is a target; else only followed children.
         watched = self.rules.watch_all or (self.rules.follow_children and parent is not None)
-        self._by_pid[pid] = _Entry(info, watched=watched)
-        self._track(pid)
-        self.version += 1
+        self._add(info, watched=watched)
         return info
 
     def info(self, pid: int) -> ProcessInfo | None:

@@ -8,8 +8,8 @@
  *
  * Each frame is looked up in the process's mappings (unwind_processes says where in
  * unwind_mappings they are; both written by offcpu_exporter/unwind/ from /proc/PID/maps), the
- * mapping's page index (unwind_pages) and its rows (unwind_rows): the row gives the CFA and where rbp was saved, the return address is at
- * CFA - 8. Code without a table (JIT code, objects without CFI, processes user space has not
+ * mapping's page index (unwind_pages) and its rows (unwind_rows): the row gives the CFA and where
+ * rbp was saved, the return address is at CFA - 8. Code without a table (JIT code, objects without CFI, processes user space has not
  * described yet) is stepped with the frame pointer instead, so mixed stacks go on through it.
  *
  * Written for the verifier's complexity limit (1M instructions explored; bpf_loop callbacks are

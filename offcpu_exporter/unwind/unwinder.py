@@ -225,24 +225,28 @@ class Unwinder:
         if self._maps is None:
             return (0, 0)
         first = self._slots.allocate(len(entries)) if entries else 0
+        if first is None:
+            return self._not_written(pid, "no room left for its mappings in unwind_mappings")
         try:
-            if first is None:
-                raise OSError("no room left for its mappings in unwind_mappings")
             if entries:
                 self._maps.write_mappings(first, b"".join(bytes(e) for e in entries))
             self._maps.set_process(pid, first, len(entries))
         except Exception as exc:  # bcc raises a bare Exception: the map is full (E2BIG)
-            self.no_space += 1
-            self._written.discard(pid)
-            # Its old entry points at slots released now, that another process may take.
-            self._maps.delete_process(pid)
-            if first is not None:
-                self._release_slots((first, len(entries)))
-            self._no_room_log.log(logging.WARNING, "unwind tables of a process not written (%s; %d processes "
-                                  "have them): frame pointers for it", exc, len(self._written))
-            return (0, 0)
+            self._release_slots((first, len(entries)))
+            return self._not_written(pid, exc)
         self._written.add(pid)
         return (first, len(entries))
+
+    def _not_written(self, pid: int, why: object) -> tuple[int, int]:
+        """`pid` is walked with frame pointers: counted, logged, and its entry deleted, since the
+        slots an old entry points at are released by the caller and another process may take them."""
+        assert self._maps is not None
+        self.no_space += 1
+        self._written.discard(pid)
+        self._maps.delete_process(pid)
+        self._no_room_log.log(logging.WARNING, "unwind tables of a process not written (%s; %d processes "
+                              "have them): frame pointers for it", why, len(self._written))
+        return (0, 0)
 
     def _release_slots(self, slots: tuple[int, int]) -> None:
         first, count = slots
