@@ -93,7 +93,9 @@ class Pipeline:
     def sync_targets(self) -> None:
         """Make the kernel filter map match the process table."""
         self._start_describer()
-        added, _ = self.processes.refresh(changed=self._changed_processes())
+        changed = self._changed_processes()
+        exiting = [pid for pid, bits in changed.items() if bits & layout.PROC_EXIT] if changed is not None else ()
+        added, _ = self.processes.refresh(changed=changed, exiting=exiting)
         if added:
             log.info("watching %d new process(es): %s", len(added),
                      ", ".join(f"{p.comm}[{p.pid}]" for p in added[:10]))
@@ -127,8 +129,9 @@ class Pipeline:
             if self.describer is not None:
                 self.describer.forget(pid)
 
-    def _changed_processes(self) -> set[int] | None:
-        """The processes the kernel reported changed since the last refresh, or None for a rescan
+    def _changed_processes(self) -> dict[int, int] | None:
+        """The processes the kernel reported changed since the last refresh (pid -> layout.PROC_*
+        bits), or None for a rescan
         of /proc: the first time, every `resync_interval` (a write to another process's
         /proc/PID/comm is not reported), and after the kernel's event map was full."""
         events = self.probe.take_process_events()
@@ -141,7 +144,7 @@ class Pipeline:
             self._process_events_dropped = dropped
             self._next_resync = now + self.resync_interval
             return None
-        return set(events)
+        return events
 
     def _apply(self, event: ProcessEvent) -> None:
         """The one place that acts on what happened to a process (ProcessTable reports it)."""

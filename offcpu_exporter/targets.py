@@ -25,6 +25,8 @@ __all__ = ["Exec", "ProcessEvent", "ProcessTable", "Replaced", "TargetRules", "k
 
 log = logging.getLogger(__name__)
 _TICKS = os.sysconf("SC_CLK_TCK")
+# How long a process the kernel reported exiting is looked at again while it still looks alive.
+EXITING_RECHECK_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,12 @@ class ProcessTable:
         # refresh. Kept as a set rather than found by testing every process at every refresh,
         # which at 10,000 processes was a clock read each, once a second.
         self._settling: set[int] = set()
+        # Processes the kernel reported exiting that still looked alive: sched_process_exit fires
+        # in do_exit() before exit_mm(), exit_files() and exit_notify() (kernel/exit.c), so /proc
+        # shows the process running or in disk sleep, not yet a zombie, for as long as those take.
+        # Nothing is reported after: each is looked at again at every refresh until it is gone (or
+        # EXITING_RECHECK_SECONDS passed: a non-leader thread's exec also ends the leader).
+        self._exiting: dict[int, float] = {}  # pid -> when to stop looking
         # Changes whenever a process is added, exits, exec's or is forgotten: what is derived from
         # the whole table (the pipeline's per-process preparation) is redone only then.
         self.version = 0
@@ -184,11 +192,12 @@ class ProcessTable:
         )
         return selected and (r.predicate is None or r.predicate(info))
 
-    def refresh(self, now: float | None = None, *,
-                changed: Collection[int] | None = None) -> tuple[list[ProcessInfo], list[ProcessInfo]]:
+    def refresh(self, now: float | None = None, *, changed: Collection[int] | None = None,
+                exiting: Collection[int] = ()) -> tuple[list[ProcessInfo], list[ProcessInfo]]:
         """Bring the table up to date: (newly watched, newly exited). `changed`: the only pids that
         may have started, exec'd, exited or been renamed since the last refresh (the kernel reports
-        them: probe.take_process_events()), so only those are read; None: rescan /proc."""
+        them: probe.take_process_events()), so only those are read; None: rescan /proc. `exiting`:
+        those of them the kernel reported exiting."""
         now = time.monotonic() if now is None else now
         added: list[ProcessInfo] = []
         exited: list[ProcessInfo] = []
@@ -201,6 +210,7 @@ class ProcessTable:
             for pid in changed:
                 if pid in self._by_pid:
                     self._recheck(pid, now, exited)
+            self._recheck_exiting(exiting, now, exited)
             candidates = changed if self.rules.scans else ()
             # Pod names arrive once the pod list has caught up with a new pod, and a process seen
             # while its runtime was still moving it into the container's cgroup gets its container.
@@ -212,6 +222,16 @@ class ProcessTable:
             if pid not in self._by_pid:
                 self._consider(pid, added)
         return added, exited
+
+    def _recheck_exiting(self, reported: Collection[int], now: float, exited: list[ProcessInfo]) -> None:
+        for pid in reported:
+            if pid in self._by_pid:
+                self._exiting.setdefault(pid, now + EXITING_RECHECK_SECONDS)
+        for pid, until in list(self._exiting.items()):
+            if pid in self._by_pid and pid not in reported:
+                self._recheck(pid, now, exited)
+            if now >= until:
+                del self._exiting[pid]  # (_retire() drops those that are gone)
 
     def _recheck(self, pid: int, now: float, exited: list[ProcessInfo]) -> None:
         """Whether a known process still lives, as the same program."""
@@ -281,6 +301,7 @@ class ProcessTable:
     def _retire(self, pid: int, now: float) -> ProcessInfo:
         entry = self._by_pid.pop(pid)
         self._settling.discard(pid)
+        self._exiting.pop(pid, None)
         self.version += 1
         entry.exited_at = now
         entry.info = replace(entry.info, exited=True)

@@ -87,16 +87,18 @@ static __always_inline void stat_add(int index, u64 n)
 		*v += n; /* per-CPU slot: no other writer */
 }
 
-/* Not atomic: two CPUs reporting on one process at once may lose a bit, not the entry; user space
- * reads the process again whatever the bits say, and they are for its logs. */
+/* An update, not `*bits |= event` through the lookup's pointer: user space takes the entries with
+ * BPF_MAP_LOOKUP_AND_DELETE_BATCH, which copies and unlinks a bucket's elements under its lock, and
+ * a write through a pointer taken before that lands in an element already copied and unlinked: the
+ * event (an exit after a fork) was lost. An update takes the bucket lock: it lands before the copy,
+ * or after the delete as a new entry for the next take. Two CPUs reporting on one process at once
+ * may still lose a bit, not the entry: user space reads the process again whatever the bits say
+ * (a lost exit bit leaves a process that looked alive then to the next /proc rescan). */
 static __always_inline void note_process(u32 tgid, u32 event)
 {
 	u32 *bits = proc_events.lookup(&tgid);
-	if (bits) {
-		*bits |= event;
-		return;
-	}
-	if (proc_events.update(&tgid, &event) != 0)
+	u32 merged = event | (bits ? *bits : 0);
+	if (proc_events.update(&tgid, &merged) != 0)
 		stat_add(OFFCPU_STAT_PROC_EVENTS_DROPPED, 1);
 }
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from offcpu_exporter import targets
 from offcpu_exporter.targets import Exec, ProcessTable, Replaced, TargetRules, parse_stat
 
 
@@ -101,8 +102,6 @@ def test_between_rescans_only_the_processes_the_kernel_reported_are_read(tmp_pat
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Work proportional to what changed (issue 27): a refresh with the kernel's process events reads
     those processes and no other, and still sees starts, exits, renames and reused pids."""
-    import offcpu_exporter.targets as targets
-
     for pid in range(100, 300):
         _proc(tmp_path, pid, "idle", 1)
     _proc(tmp_path, 5, "worker", 1)
@@ -150,3 +149,45 @@ def test_a_reported_exit_retires_a_process_its_parent_has_not_reaped(tmp_path: P
     stat.write_text(stat.read_text().replace(") S ", ") Z "))
     _, exited = table.refresh(now=0.0, changed={5})
     assert [p.pid for p in exited] == [5]
+
+
+def test_a_process_reported_exiting_while_it_still_looked_alive_is_looked_at_until_it_is_gone(
+        tmp_path: Path) -> None:
+    """sched_process_exit fires early in do_exit(): a refresh in between sees the process running
+    (or in disk sleep closing its files), and the kernel reports nothing more. It is read again at
+    every refresh, without an event, until it is a zombie."""
+    _proc(tmp_path, 5, "worker", 1)
+    _proc(tmp_path, 6, "worker", 2)
+    table = ProcessTable(TargetRules(comm=re.compile("^work")), proc_root=str(tmp_path))
+    table.refresh()
+    assert table.refresh(now=0.0, changed={5, 6}, exiting={5}) == ([], [])  # still exiting
+    assert table.refresh(now=1.0, changed=set()) == ([], [])
+    stat = tmp_path / "5" / "stat"
+    stat.write_text(stat.read_text().replace(") S ", ") Z "))
+    _, exited = table.refresh(now=2.0, changed=set())
+    assert [p.pid for p in exited] == [5]
+    assert table.watched_pids() == {6}  # 6 was reported (a rename) but not exiting: not re-read
+
+
+def test_a_process_reported_exiting_that_lives_on_is_let_go(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-leader thread's execve() ends the group leader (the kernel reports its exit) and the
+    process lives on under its pid: it is read again only for EXITING_RECHECK_SECONDS."""
+    _proc(tmp_path, 5, "worker", 1)
+    table = ProcessTable(TargetRules(comm=re.compile("^work")), proc_root=str(tmp_path))
+    table.refresh()
+    table.refresh(now=0.0, changed={5}, exiting={5})
+    reads: list[int] = []
+    real = targets.read_process
+
+    def counted(pid: int, *args: Any, **kwargs: Any) -> Any:
+        reads.append(pid)
+        return real(pid, *args, **kwargs)
+
+    monkeypatch.setattr(targets, "read_process", counted)
+    table.refresh(now=targets.EXITING_RECHECK_SECONDS - 1, changed=set())
+    assert reads == [5]
+    table.refresh(now=targets.EXITING_RECHECK_SECONDS, changed=set())
+    table.refresh(now=targets.EXITING_RECHECK_SECONDS + 1, changed=set())
+    assert reads == [5, 5]
+    assert table.watched_pids() == {5}
