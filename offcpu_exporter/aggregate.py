@@ -134,6 +134,8 @@ _SPECIAL_STACKS = {
 }
 _RECLAIMED = (lost_frame("RECLAIMED"),)
 _SEEDED_FRAME = Frame("[off CPU since before it was watched]", FrameKind.PLACEHOLDER)
+# Reason.STOLEN's one stack: the time went somewhere in a run, no stack says where.
+_STOLEN_FRAME = Frame("[stolen: the CPU ran something else without a switch]", FrameKind.PLACEHOLDER)
 
 _REASONS = {r.value: r for r in Reason}  # a dict lookup; Reason(value) is a slow Enum call
 
@@ -495,6 +497,8 @@ class Aggregator:
             return None
         if stack_id == layout.STACK_SEEDED:
             return (_SEEDED_FRAME,)
+        if stack_id == layout.STACK_STOLEN:
+            return (_STOLEN_FRAME,)
         if stack_id >= layout.STACK_ERRNO_BASE:
             return (lost_frame(stack_id - layout.STACK_ERRNO_BASE),)
         return ()  # STACK_EMPTY: a kernel thread has no user half

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 __all__ = [
     "HISTOGRAM_BUCKETS_US",
+    "SWITCH_REASONS",
     "Blocked",
     "Counter",
     "Frame",
@@ -40,10 +41,18 @@ class Reason(enum.IntEnum):
     SLEEPING = 1  # TASK_INTERRUPTIBLE: sleeps, futex waits, poll/epoll, pipe/socket reads
     UNINTERRUPTIBLE = 2  # TASK_UNINTERRUPTIBLE: disk I/O, some locks (the D state)
     OTHER = 3  # stopped, traced, parked, dead
+    # Current on a CPU that ran something else without a switch: a hypervisor's other guests
+    # (steal), interrupts (with IRQ time accounting). Not in the task's CPU time; no stack.
+    STOLEN = 4
 
     @property
     def label(self) -> str:
         return self.name.lower()
+
+
+# The reasons a thread leaves the CPU for: switches and blocks in progress have one of these
+# (Reason.STOLEN is time lost without a switch).
+SWITCH_REASONS = tuple(r for r in Reason if r is not Reason.STOLEN)
 
 
 class FrameKind(enum.Enum):

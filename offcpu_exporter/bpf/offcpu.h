@@ -9,6 +9,9 @@
 #define OFFCPU_REASON_SLEEPING        1 /* TASK_INTERRUPTIBLE (and TASK_IDLE) */
 #define OFFCPU_REASON_UNINTERRUPTIBLE 2 /* TASK_UNINTERRUPTIBLE: I/O, D state */
 #define OFFCPU_REASON_OTHER           3 /* stopped, traced, parked */
+#define OFFCPU_REASON_STOLEN          4 /* on a CPU that ran something else without a switch: the
+                                         * hypervisor's other guests (steal), interrupts (with
+                                         * IRQ time accounting), switches the kernel did not report */
 
 /* Indices of the per-CPU `stats` array. */
 #define OFFCPU_STAT_COUNTS_DROPPED    0  /* blocks not stored at all: `counts` full */
@@ -37,6 +40,8 @@
 #define OFFCPU_STACK_EMPTY        1    /* no frames (a kernel thread's user half) */
 #define OFFCPU_STACK_SEEDED       2    /* blocked before it was watched, and this half of its stack
                                         * could not be read from /proc (see OFFCPU_START_SEEDED) */
+#define OFFCPU_STACK_STOLEN       3    /* time a running thread lost without a switch
+                                        * (OFFCPU_REASON_STOLEN): no stack tells where */
 #define OFFCPU_STACK_ERRNO_BASE   1024 /* + errno of a capture that failed (EFAULT, ENOMEM: full) */
 #define OFFCPU_STACK_RESERVED     4096
 #define OFFCPU_MAX_DEPTH          127  /* PERF_MAX_STACK_DEPTH */
@@ -70,6 +75,21 @@ struct offcpu_start {
 	__u32 reason;
 	__u32 weight;          /* 1/probability of the capture; 0 when not captured */
 	__u32 flags;           /* OFFCPU_START_* */
+};
+
+/* The watched thread running on a CPU, from its switch-in: when, and its run time
+ * (task_struct::se.sum_exec_runtime) and switches (nvcsw + nivcsw) then. */
+struct offcpu_run {
+	__u32 tid;             /* 0: none */
+	__u32 pad;
+	__u64 ts_ns;
+	__u64 runtime_ns;
+	__u64 switches;
+};
+
+struct offcpu_cpu_runs {
+	struct offcpu_run latest;   /* switched in last */
+	struct offcpu_run earlier;  /* before it: prev's, until the switch that ends it is handled */
 };
 
 /* struct offcpu_start.flags */

@@ -47,11 +47,16 @@ HIST_ROOM = 32
 STACK_NOT_CAPTURED = 0
 STACK_EMPTY = 1
 STACK_SEEDED = 2
+STACK_STOLEN = 3
 STACK_ERRNO_BASE = 1024
 STACK_RESERVED = 4096
 MAX_DEPTH = 127
 
 START_SEEDED = 1  # struct offcpu_start.flags
+# A run's time the scheduler did not account to the thread, up to which it is the switch's own cost
+# rather than time taken from it (charge_stolen() in offcpu.bpf.c): picking the next task and
+# switching take a few us, a hypervisor's steal is ticks long.
+STOLEN_MIN_NS = 20_000
 
 PROC_FORK = 1
 PROC_EXEC = 2
@@ -94,6 +99,15 @@ class OffcpuStart(ctypes.Structure):
     )
 
 
+class OffcpuRun(ctypes.Structure):
+    _fields_ = (("tid", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("ts_ns", ctypes.c_uint64),
+                ("runtime_ns", ctypes.c_uint64), ("switches", ctypes.c_uint64))
+
+
+class OffcpuCpuRuns(ctypes.Structure):
+    _fields_ = (("latest", OffcpuRun), ("earlier", OffcpuRun))
+
+
 class OffcpuMark(ctypes.Structure):
     _fields_ = (("start_ns", ctypes.c_uint64), ("until_ns", ctypes.c_uint64))
 
@@ -133,6 +147,8 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "offcpu_value": OffcpuValue,
     "offcpu_start": OffcpuStart,
     "offcpu_mark": OffcpuMark,
+    "offcpu_run": OffcpuRun,
+    "offcpu_cpu_runs": OffcpuCpuRuns,
     "offcpu_control": OffcpuControl,
     "offcpu_stack": OffcpuStack,
     "offcpu_sampler": OffcpuSampler,

@@ -155,6 +155,7 @@ class ProbeConfig:
             f"-DTHREAD_BUDGET={max(1, round(self.stack_budget_thread / windows_per_second))}",
             f"-DCPU_BUDGET={max(1, round(self.stack_budget_cpu / windows_per_second))}",
             f"-DLONG_BLOCK_NS={self.long_block_ns}ULL",
+            f"-DSTOLEN_MIN_NS={layout.STOLEN_MIN_NS}ULL",
             # bcc's Debian build warns about these in kernel headers it does not own.
             "-Wno-macro-redefined",
             "-Wno-unknown-warning-option",
@@ -305,21 +306,27 @@ class Probe:
         return None
 
     def _task_runtime_offsets(self) -> list[str]:
-        """Where a task's run time since it was last picked is (task_struct::se.sum_exec_runtime and
-        se.prev_sum_exec_runtime): the end of a block whose switch-in the kernel did not report (see
-        end_unseen_block() in the BPF program). Without BTF such a block is not counted."""
+        """Where a task's run time and its switches are (task_struct::se.sum_exec_runtime,
+        se.prev_sum_exec_runtime, nvcsw and nivcsw): the end of a block whose switch-in the kernel
+        did not report (end_unseen_block() in the BPF program), and the time a running thread lost
+        without a switch (charge_stolen()). Without BTF neither is counted."""
         if not self.facts.btf:
             return []
         try:
-            se = struct_member_offsets("task_struct", ["se"]).get("se")
+            task = struct_member_offsets("task_struct", ["se", "nvcsw", "nivcsw"])
             runtime = struct_member_offsets("sched_entity", ["sum_exec_runtime", "prev_sum_exec_runtime"])
         except BtfError as e:
-            log.warning("BTF unreadable (%s): blocks whose switch-in goes unreported are not counted", e)
+            log.warning("BTF unreadable (%s): blocks whose switch-in goes unreported, and time stolen from running "
+                        "threads, are not counted", e)
             return []
+        se = task.get("se")
         if se is None or len(runtime) != 2:
             return []
-        return [f"-DTASK_SE_RUNTIME_OFFSET={se + runtime['sum_exec_runtime']}",
-                f"-DTASK_SE_PREV_RUNTIME_OFFSET={se + runtime['prev_sum_exec_runtime']}"]
+        flags = [f"-DTASK_SE_RUNTIME_OFFSET={se + runtime['sum_exec_runtime']}",
+                 f"-DTASK_SE_PREV_RUNTIME_OFFSET={se + runtime['prev_sum_exec_runtime']}"]
+        if "nvcsw" in task and task.get("nivcsw") == task["nvcsw"] + 8:  # read as one pair
+            flags.append(f"-DTASK_SWITCHES_OFFSET={task['nvcsw']}")
+        return flags
 
     def _task_load_bit(self) -> list[str]:
         """Where task_struct::sched_contributes_to_load is: the reason of a task that is being woken

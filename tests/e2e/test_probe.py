@@ -18,7 +18,6 @@ import pytest
 from offcpu_exporter.probe.loader import Probe, ProbeConfig
 from offcpu_exporter.snapshot import ZERO, Reason
 from testkit.inprocess import ATTACH, FLUSH_TIMEOUT, observe, running_pipeline, total, with_function
-from testkit.unswitched import Unswitched
 from testkit.workloads import Workload
 
 pytestmark = pytest.mark.kernel
@@ -94,15 +93,13 @@ def test_perf_event_tracepoint_variant() -> None:
 ])
 def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe, mode: str, threads: int, iterations: int,
                                           interval_ms: int) -> None:
-    with Workload(mode, threads=threads, iterations=iterations, interval_ms=interval_ms) as w, \
-            Unswitched(w.pid) as unswitched:
+    with Workload(mode, threads=threads, iterations=iterations, interval_ms=interval_ms) as w:
         result, snap = observe(w, probe=probe)
-        for thread in result.threads:
-            off = sum((s.total for s in _in_window(snap, thread.tid)), ZERO)
-            # Less the time a hypervisor took the vCPU from the running thread, which no switch
-            # reports (testkit/unswitched.py): up to 11 ms of a 600 ms window on CI machines.
-            hidden = unswitched.ns(thread.tid, thread.opened_ns, thread.opened_ns + thread.wall_ns)
-            assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns - hidden, rel=WALL), (thread, hidden)
+    for thread in result.threads:
+        # Off CPU includes the time a running thread lost without a switch (Reason.STOLEN): on a
+        # loaded VM, up to 11 ms of a 600 ms window went to the hypervisor's other guests.
+        off = sum((s.total for s in _in_window(snap, thread.tid)), ZERO)
+        assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns, rel=WALL), thread
 
 
 @pytest.mark.parametrize("readers", [1, 2])

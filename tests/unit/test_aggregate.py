@@ -213,6 +213,21 @@ def test_lost_stacks_become_placeholder_frames_and_are_counted(proc: Path) -> No
     assert sum((s.total for s in snap.samples), ZERO) == snap.processes[snap.samples[0].process].total
 
 
+def test_stolen_time_is_time_without_switches_under_its_own_placeholder(proc: Path) -> None:
+    """The probe counts what a running thread lost without a switch (charge_stolen()) as ns only,
+    weight 1, under OFFCPU_STACK_STOLEN and an empty kernel half."""
+    kernel = _kernel()
+    agg = _aggregator(proc, kernel)
+    kernel.counts[key(42, U1, K1)] = exact(2, 200)
+    kernel.counts[key(42, layout.STACK_STOLEN, layout.STACK_EMPTY, reason=Reason.STOLEN)] = CounterValue(0, 70, 0, 70)
+    snap = agg.flush()
+    (stolen,) = [s for s in snap.samples if s.reason is Reason.STOLEN]
+    assert _names(stolen) == (("[stolen: the CPU ran something else without a switch]",), ())
+    assert stolen.total == Counter(0, 70)  # time, no switch
+    assert snap.health.lost_stacks == {}
+    assert snap.processes[stolen.process].total == Counter(2, 270)
+
+
 def test_new_exporter_run_starts_from_zero(proc: Path) -> None:
     kernel = _kernel()
     kernel.counts[KEY] = exact(3, 300)

@@ -22,6 +22,8 @@ int main(void) {
   S(offcpu_start) F(offcpu_start, ts_ns) F(offcpu_start, user_stack) F(offcpu_start, kernel_stack)
   F(offcpu_start, tgid) F(offcpu_start, reason) F(offcpu_start, weight) F(offcpu_start, flags)
   S(offcpu_mark) F(offcpu_mark, start_ns) F(offcpu_mark, until_ns)
+  S(offcpu_run) F(offcpu_run, tid) F(offcpu_run, ts_ns) F(offcpu_run, runtime_ns) F(offcpu_run, switches)
+  S(offcpu_cpu_runs) F(offcpu_cpu_runs, latest) F(offcpu_cpu_runs, earlier)
   S(offcpu_control) F(offcpu_control, cutoff_ns) F(offcpu_control, marks_active)
   S(offcpu_stack) F(offcpu_stack, ips)
   S(offcpu_sampler) F(offcpu_sampler, window_start_ns) F(offcpu_sampler, switches) F(offcpu_sampler, shift)
@@ -36,6 +38,7 @@ int main(void) {
   printf("const STACK_NOT_CAPTURED %d\\n", OFFCPU_STACK_NOT_CAPTURED);
   printf("const STACK_EMPTY %d\\n", OFFCPU_STACK_EMPTY);
   printf("const STACK_SEEDED %d\\n", OFFCPU_STACK_SEEDED);
+  printf("const STACK_STOLEN %d\\n", OFFCPU_STACK_STOLEN);
   printf("const START_SEEDED %d\\n", OFFCPU_START_SEEDED);
   printf("const STACK_ERRNO_BASE %d\\n", OFFCPU_STACK_ERRNO_BASE);
   printf("const STACK_RESERVED %d\\n", OFFCPU_STACK_RESERVED);
@@ -59,6 +62,7 @@ int main(void) {
   printf("const TARGET_EXCLUDE %d\\n", OFFCPU_TARGET_EXCLUDE);
   printf("reason RUNNABLE %d\\nreason SLEEPING %d\\nreason UNINTERRUPTIBLE %d\\nreason OTHER %d\\n",
          OFFCPU_REASON_RUNNABLE, OFFCPU_REASON_SLEEPING, OFFCPU_REASON_UNINTERRUPTIBLE, OFFCPU_REASON_OTHER);
+  printf("reason STOLEN %d\\n", OFFCPU_REASON_STOLEN);
   return 0;
 }
 """

@@ -46,7 +46,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from offcpu_exporter import __version__
 from offcpu_exporter.sinks import SinkStats
 from offcpu_exporter.sinks.prometheus.top_series import DEFAULT_LIMITS, Selection, one_per_pid
-from offcpu_exporter.snapshot import ZERO, Counter, ProcessView, Reason, Snapshot
+from offcpu_exporter.snapshot import SWITCH_REASONS, ZERO, Counter, ProcessView, Reason, Snapshot
 
 from .endpoints import OtlpConfig
 
@@ -167,7 +167,8 @@ class OffcpuMetrics:
             counter = by_reason.get(reason, ZERO)
             a = {**attrs, "offcpu.reason": reason.label}
             rows.process_time.append(Observation(counter.ns / 1e9, a))
-            rows.process_switches.append(Observation(counter.count, a))
+            if reason in SWITCH_REASONS:  # time lost without a switch has no switches
+                rows.process_switches.append(Observation(counter.count, a))
 
     def _other_stack(self, base: dict[str, Any]) -> dict[str, Any]:
         a = {**base, "offcpu.stack_id": OTHER, "offcpu.user_function": OTHER, "offcpu.kernel_function": OTHER}

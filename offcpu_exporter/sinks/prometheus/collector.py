@@ -23,7 +23,7 @@ from offcpu_exporter.sinks.prometheus.top_series import (
     SelectionView,
     one_per_pid,
 )
-from offcpu_exporter.snapshot import HISTOGRAM_BUCKETS_US, Counter, Health, Reason, Snapshot
+from offcpu_exporter.snapshot import HISTOGRAM_BUCKETS_US, SWITCH_REASONS, Counter, Health, Reason, Snapshot
 from offcpu_exporter.waitsite import CALL_PATH_FRAMES, wait_site
 
 __all__ = ["OffCPUCollector", "bcc_version"]
@@ -289,7 +289,7 @@ class OffCPUCollector:
         for series in one_per_pid(view.processes):
             info = series.view.info
             where = (_text(info.namespace), _text(info.pod), _text(info.container))
-            for reason in Reason:
+            for reason in SWITCH_REASONS:
                 labels = [str(info.pid), _text(info.comm), reason.label, *where]
                 blocked = series.view.blocked.get(reason)
                 threads.add_metric(labels, blocked.threads if blocked else 0)
@@ -306,11 +306,7 @@ class OffCPUCollector:
         else:
             rows = [((), series.view.by_reason)]
         for thread, by_reason in rows:
-            for reason in Reason:
-                counter = by_reason.get(reason, ZERO)
-                labels = [pid, comm, reason.label, *where, *thread]
-                fams["offcpu_seconds"].add_metric(labels, counter.seconds)
-                fams["offcpu_switches"].add_metric(labels, counter.count)
+            _add_reasons(fams, by_reason, [pid, comm], [*where, *thread])
 
     def _add_other_stack(
         self, st_seconds: _Family, st_switches: _Family, pid: str, comm: str, where: Sequence[str], other: Counter
@@ -324,11 +320,7 @@ class OffCPUCollector:
     def _add_folded(self, fams: Mapping[str, _Family], hist: HistogramMetricFamily, folded: FoldedProcesses) -> None:
         where = ("", "", "")
         thread = (OTHER, OTHER) if self._per_thread else ()
-        for reason in Reason:
-            counter = folded.by_reason.get(reason, ZERO)
-            labels = [OTHER, OTHER, reason.label, *where, *thread]
-            fams["offcpu_seconds"].add_metric(labels, counter.seconds)
-            fams["offcpu_switches"].add_metric(labels, counter.count)
+        _add_reasons(fams, folded.by_reason, [OTHER, OTHER], [*where, *thread])
         self._add_other_stack(
             fams["offcpu_stack_seconds"], fams["offcpu_stack_switches"], OTHER, OTHER, where, folded.total
         )
@@ -382,6 +374,17 @@ class OffCPUCollector:
             for what in _SINK_STATS:
                 fams[f"offcpu_exporter_sink_{what}"].add_metric([name], rows[name].get(what, 0))
 
+
+def _add_reasons(fams: Mapping[str, _Family], by_reason: Mapping[Reason, Counter], before: Sequence[str],
+                 after: Sequence[str]) -> None:
+    """Seconds by every reason and switches by the reasons a switch has, zeros included: a series that
+    exists from the start gives rate() a baseline when the reason first occurs."""
+    for reason in Reason:
+        counter = by_reason.get(reason, ZERO)
+        labels = [*before, reason.label, *after]
+        fams["offcpu_seconds"].add_metric(labels, counter.seconds)
+        if reason in SWITCH_REASONS:
+            fams["offcpu_switches"].add_metric(labels, counter.count)
 
 def _add_histogram(fam: HistogramMetricFamily, labels: list[str], slots: Sequence[int], total: Counter) -> None:
     buckets: list[tuple[str, float]] = []

@@ -75,7 +75,7 @@ def test_process_series_by_reason_carry_identity_labels() -> None:
     b.add(p, stack("loop"), 0.125, 5, Reason.RUNNABLE)
     text = render(b)
     secs = {lab["reason"]: v for lab, v in samples(text, "offcpu_seconds_total")}
-    assert secs == {"runnable": 0.125, "sleeping": 1.5, "uninterruptible": 0.25, "other": 0.0}
+    assert secs == {"runnable": 0.125, "sleeping": 1.5, "uninterruptible": 0.25, "other": 0.0, "stolen": 0.0}
     sw = {lab["reason"]: v for lab, v in samples(text, "offcpu_switches_total")}
     assert sw == {"runnable": 5, "sleeping": 3, "uninterruptible": 2, "other": 0}
     labels = samples(text, "offcpu_seconds_total")[0][0]
@@ -202,10 +202,11 @@ def test_per_thread_series_on_the_process_counters_with_a_limit_and_other() -> N
     # The three busiest threads by name and id, the rest in tid="other"; every reason of each.
     assert threads == pytest.approx({("105", "t105"): 6.25, ("104", "t104"): 5.25, ("103", "t103"): 4.25,
                                      ("other", "other"): 3 * 0.25 + 1 + 2 + 3})
-    assert len(samples(text, "offcpu_seconds_total")) == 4 * 4
+    assert len(samples(text, "offcpu_seconds_total")) == 4 * 5  # time by every reason
+    assert len(samples(text, "offcpu_switches_total")) == 4 * 4  # switches: not Reason.STOLEN
     assert sum(thread_series(text, "offcpu_switches_total").values()) == sum(range(1, 7)) + 6
     reasons = {lab["reason"]: v for lab, v in samples(text, "offcpu_seconds_total") if lab["tid"] == "105"}
-    assert reasons == {"sleeping": 6.0, "runnable": 0.25, "uninterruptible": 0.0, "other": 0.0}
+    assert reasons == {"sleeping": 6.0, "runnable": 0.25, "uninterruptible": 0.0, "other": 0.0, "stolen": 0.0}
     overflow = {lab["what"]: v for lab, v in samples(text, "offcpu_exporter_cardinality_overflow_total")}
     assert overflow["threads"] == 3
     # The stack series stay per process.

@@ -139,7 +139,9 @@ def test_metrics_carry_the_snapshot_totals(protocol: str, monkeypatch: pytest.Mo
 
     for key, view in snap.processes.items():
         reasons = {dict(a)["offcpu.reason"] for a in by_name["offcpu.time"] if dict(a)["process.pid"] == key.pid}
-        assert reasons == {"runnable", "sleeping", "uninterruptible", "other"}  # zeros too, as /metrics
+        assert reasons == {"runnable", "sleeping", "uninterruptible", "other", "stolen"}  # zeros too, as /metrics
+        switched = {dict(a)["offcpu.reason"] for a in by_name["offcpu.switches"] if dict(a)["process.pid"] == key.pid}
+        assert switched == reasons - {"stolen"}  # time lost without a switch has no switches
         for reason, counter in view.by_reason.items():
             (value,) = [
                 v
