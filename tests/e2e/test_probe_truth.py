@@ -126,7 +126,9 @@ def test_a_window_covers_exactly_its_time() -> None:
     along (since before the probe was attached) show D each, never more."""
     window_s = 3.0
     probe = Probe(ProbeConfig(attach=ATTACH, per_thread=True))
-    with Workload("sleep", threads=2, iterations=1, interval_ms=int((window_s + 60) * 1000)) as w:
+    # Asleep far past the window: the compile alone takes a minute under a busy matrix's emulation,
+    # and sleepers that woke before the threads are listed below went missing from the bound.
+    with Workload("sleep", threads=2, iterations=1, interval_ms=int((window_s + 900) * 1000)) as w:
         w.go()
         time.sleep(0.2)  # both sleepers (and the main thread, joining) are off CPU now
         probe.start()
