@@ -131,9 +131,8 @@ class Pipeline:
 
     def _changed_processes(self) -> dict[int, int] | None:
         """The processes the kernel reported changed since the last refresh (pid -> layout.PROC_*
-        bits), or None for a rescan
-        of /proc: the first time, every `resync_interval` (a write to another process's
-        /proc/PID/comm is not reported), and after the kernel's event map was full."""
+        bits), or None for a rescan of /proc: the first time, every `resync_interval` (a write to
+        another process's /proc/PID/comm is not reported), and after the kernel's event map was full."""
         events = self.probe.take_process_events()
         now = time.monotonic()
         dropped = self.probe.stats()[layout.STAT_PROC_EVENTS_DROPPED] if events is not None else 0

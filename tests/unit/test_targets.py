@@ -17,6 +17,19 @@ def _proc(root: Path, pid: int, comm: str, start: int, tgid: int | None = None) 
     (d / "status").write_text(f"Tgid:\t{tgid or pid}\n")
 
 
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids the table reads from /proc from now on."""
+    reads: list[int] = []
+    real = targets.read_process
+
+    def counted(pid: int, *args: Any, **kwargs: Any) -> Any:
+        reads.append(pid)
+        return real(pid, *args, **kwargs)
+
+    monkeypatch.setattr(targets, "read_process", counted)
+    return reads
+
+
 def test_parse_stat_with_hostile_comm() -> None:
     assert parse_stat("7 (a) b (c)) S 1 " + "0 " * 17 + "99 0") == ("a) b (c)", 1, 99)
 
@@ -108,14 +121,7 @@ def test_between_rescans_only_the_processes_the_kernel_reported_are_read(tmp_pat
     table = ProcessTable(TargetRules(comm=re.compile("^work")), proc_root=str(tmp_path))
     added, _ = table.refresh()  # the first: a rescan
     assert [p.pid for p in added] == [5]
-    reads: list[int] = []
-    real = targets.read_process
-
-    def counted(pid: int, *args: Any, **kwargs: Any) -> Any:
-        reads.append(pid)
-        return real(pid, *args, **kwargs)
-
-    monkeypatch.setattr(targets, "read_process", counted)
+    reads = _count_reads(monkeypatch)
 
     assert table.refresh(changed=set()) == ([], [])
     assert reads == []
@@ -177,14 +183,7 @@ def test_a_process_reported_exiting_that_lives_on_is_let_go(tmp_path: Path,
     table = ProcessTable(TargetRules(comm=re.compile("^work")), proc_root=str(tmp_path))
     table.refresh()
     table.refresh(now=0.0, changed={5}, exiting={5})
-    reads: list[int] = []
-    real = targets.read_process
-
-    def counted(pid: int, *args: Any, **kwargs: Any) -> Any:
-        reads.append(pid)
-        return real(pid, *args, **kwargs)
-
-    monkeypatch.setattr(targets, "read_process", counted)
+    reads = _count_reads(monkeypatch)
     table.refresh(now=targets.EXITING_RECHECK_SECONDS - 1, changed=set())
     assert reads == [5]
     table.refresh(now=targets.EXITING_RECHECK_SECONDS, changed=set())

@@ -386,6 +386,7 @@ def _add_reasons(fams: Mapping[str, _Family], by_reason: Mapping[Reason, Counter
         if reason in SWITCH_REASONS:
             fams["offcpu_switches"].add_metric(labels, counter.count)
 
+
 def _add_histogram(fam: HistogramMetricFamily, labels: list[str], slots: Sequence[int], total: Counter) -> None:
     buckets: list[tuple[str, float]] = []
     running = 0
