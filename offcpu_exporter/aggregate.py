@@ -246,6 +246,7 @@ class Aggregator:
         self._hist: dict[ProcessKey, list[int]] = {}  # cumulative block counts per duration slot
         self._hist_read: dict[int, list[int]] = {}  # tgid -> the kernel's slots at the last read
         self._flushes = 0
+        self._naming_ns = 0  # the time this pass spent naming stacks for the first time
         self._stats_read: list[int] = [0] * layout.STAT_MAX
         self._warn = RateLimitedLog(log, interval=300.0)
         self._sampled_ratio = 1.0
@@ -270,8 +271,8 @@ class Aggregator:
             self.start_time_ns = self._last_time_ns = self.probe.attached_wall_ns
         window_end = final or until_ns is not None
         increases, self._carried = self._carried, {}
-        last_lag = 0
         for _ in range(_MAX_PASSES):
+            self._naming_ns = 0
             now_k, now_wall = ktime_ns(), time.time_ns()
             at = now_k if until_ns is None else min(until_ns, now_k)
             if self.probe.cutoff_ns:
@@ -285,14 +286,13 @@ class Aggregator:
             # read as the figures of the moment they appear, and a window between such a snapshot
             # and a timely one would hold more off-CPU time than wall time. So the blocks counted
             # meanwhile are counted too, by another pass, whose stacks are mostly named already.
-            # (A window's end needs none: the kernel counts nothing after it.) Passes that take
-            # that long however few new stacks they name (the reads and sums of tens of thousands
-            # of threads) are not repeated: a pass not twice as quick as the one before would only
-            # publish as late, at several times the cost.
+            # (A window's end needs none: the kernel counts nothing after it.) Only a pass that
+            # spent at least half its time naming new stacks is repeated: one that is slow by
+            # itself (the reads and sums of tens of thousands of threads) would be as slow again,
+            # and publish as late, at twice the cost (every flush of a 10,000-process node).
             lag = ktime_ns() - at
-            if window_end or lag <= _MAX_LAG_NS or (last_lag and lag * 2 > last_lag):
+            if window_end or lag <= _MAX_LAG_NS or self._naming_ns * 2 < lag:
                 break
-            last_lag = lag
         self._collect_stacks(in_map, blocked)
         expired = self._expire_processes(active={k[0] for k in increases})
         snapshot = self._snapshot(increases, blocked, expired, time.perf_counter() - t0, at_wall, at)
@@ -512,7 +512,9 @@ class Aggregator:
             addresses = self._addresses(stack_id)
             if addresses is None:
                 return _RECLAIMED
+            t0 = time.perf_counter_ns()
             frames = _without_probe_frames(self.symbolizer.kernel(addresses))
+            self._naming_ns += time.perf_counter_ns() - t0
             self._kernel_stacks[stack_id] = frames
         return frames
 
@@ -527,7 +529,9 @@ class Aggregator:
                 return _RECLAIMED
             # Taken before naming: a re-read during it makes the next flush try again, not never.
             generation = self.symbolizer.generation(pid)
+            t0 = time.perf_counter_ns()
             frames = self.symbolizer.user(pid, _call_sites(addresses))
+            self._naming_ns += time.perf_counter_ns() - t0
             if self.on_truncated is not None and not reaches_root(frames):
                 self.on_truncated(pid)
             self._user_stacks[(pid, stack_id)] = frames
