@@ -33,8 +33,10 @@ class _Clock:
 
 @pytest.fixture
 def clock() -> Iterator[_Clock]:
+    thresholds = gc.get_threshold()
     yield _Clock()
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
 
 
 def test_what_a_flush_leaves_alive_is_left_out_of_collections(clock: _Clock) -> None:
@@ -78,3 +80,21 @@ def test_objects_dropped_while_frozen_are_still_freed(clock: _Clock) -> None:
     pacer.after_flush()
     del snapshot  # reference counting frees what a newer flush replaced; freezing does not hold it
     assert alive() is None
+
+
+def test_the_oldest_generation_is_collected_only_by_the_pacer(clock: _Clock) -> None:
+    """A flush's survivors (its snapshot: views, samples, counters) reach the oldest generation;
+    however many there are beside the last full collection's, the collector leaves it alone."""
+    thresholds = gc.get_threshold()
+    pacer = CyclePacer(full_every=600.0, clock=clock)
+    gc.collect()
+    pacer.after_flush()
+    oldest, younger = gc.get_stats()[2]["collections"], gc.get_stats()[1]["collections"]
+    # More survivors than all the objects the full collection above counted: a quarter of those
+    # would have started an oldest-generation collection.
+    snapshot = [[i] for i in range(max(200_000, len(gc.get_objects())))]
+    assert gc.get_stats()[2]["collections"] == oldest
+    assert gc.get_stats()[1]["collections"] > younger  # the younger generations as usual
+    del snapshot
+    pacer.close()
+    assert gc.get_threshold() == thresholds
