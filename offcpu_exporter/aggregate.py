@@ -34,6 +34,7 @@ from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import CounterKey, CounterValue, StartEntry, ktime_ns
 from offcpu_exporter.probe.maps import KernelMaps
 from offcpu_exporter.ratelimit import RateLimitedLog
+from offcpu_exporter.rollup import Rollups
 from offcpu_exporter.snapshot import (
     ZERO,
     Blocked,
@@ -50,6 +51,7 @@ from offcpu_exporter.snapshot import (
     Stack,
     StackSample,
     ThreadView,
+    Where,
 )
 from offcpu_exporter.symbols import UNKNOWN as _UNMAPPED  # the frame of an address in no mapping
 from offcpu_exporter.targets import ProcessTable
@@ -256,6 +258,7 @@ class Aggregator:
         self._children: dict[int, tuple[int, int, str]] = {}
         self._infos: dict[ProcessKey, ProcessInfo] = {}
         self._carried: dict[_RowKey, Counter] = {}  # increases taken between flushes (process_replaced)
+        self.rollups = Rollups()
         # Called with a pid whose user stack stops before its thread's root (a frame-pointer walk
         # through code built without them): the pipeline may have its unwind tables built.
         self.on_truncated: Callable[[int], None] | None = None
@@ -458,6 +461,7 @@ class Aggregator:
                     self._lost[lost] = self._lost.get(lost, 0) + inc.count
         if by_reason is not None:
             self._views.pop(pkey, None)
+            self.rollups.add(info.where, reason, Counter(group.blocks, group.ns))  # (the rows' sum)
         if tid and self.config.thread_names and (tgid, tid) not in self._thread_names:
             self._thread_names[(tgid, tid)] = _thread_name(tgid, tid)
 
@@ -609,7 +613,7 @@ class Aggregator:
             # Reported as part of the next snapshot's increase (what outputs of increases sum).
             for gkey, group in groups.items():
                 self._account(gkey, group, self._carried, owner=info)
-            self._add_hist(old, pid, slots)
+            self._add_hist(info, pid, slots)
         self._hist_read.pop(pid, None)
         self.forget_program(pid)
 
@@ -685,7 +689,7 @@ class Aggregator:
                 del self._thread_names[thread_key]
         return gone
 
-    def _add_hist(self, key: ProcessKey, tgid: int, slots: list[int]) -> None:
+    def _add_hist(self, info: ProcessInfo, tgid: int, slots: list[int]) -> None:
         last = self._hist_read.get(tgid)
         self._hist_read[tgid] = slots
         if last is None:
@@ -698,8 +702,9 @@ class Aggregator:
             if min(inc) < 0:
                 inc = slots  # deleted and re-created since
         if any(inc):
-            total = self._hist.setdefault(key, [0] * layout.HIST_SLOTS)
+            total = self._hist.setdefault(info.key, [0] * layout.HIST_SLOTS)
             total[:] = map(operator.add, total, inc)
+            self.rollups.add_blocks(info.where, inc)
 
     def _read_hist(self) -> int:
         """Returns how many entries the kernel's map holds (what map_sizes() would otherwise
@@ -708,7 +713,7 @@ class Aggregator:
         for tgid, slots in hist.items():
             holder = self.processes.latest(tgid)
             if holder is not None:
-                self._add_hist(holder.key, tgid, slots)
+                self._add_hist(holder, tgid, slots)
         return len(hist)
 
     # -- the snapshot ----------------------------------------------------------------------
@@ -745,8 +750,10 @@ class Aggregator:
                     self._infos[info.key] = info
         off_cpu = self._blocked_now(blocked, at_ktime)
         views: dict[ProcessKey, ProcessView] = {}
+        wheres: set[Where] = set()
         for pkey in self._infos.keys() | self._process_totals.keys():
             info = self.processes.info_of(pkey) or self._infos.get(pkey) or ProcessInfo(pkey, "[exited]", exited=True)
+            wheres.add(info.where)
             parts = self._views.get(pkey)
             if parts is None:
                 parts = self._views[pkey] = self._view_parts(pkey)
@@ -765,6 +772,8 @@ class Aggregator:
             processes=MappingProxyType(views),
             samples=tuple(samples),
             health=health,
+            everything=self.rollups.everything(),
+            containers=self.rollups.containers(wheres),
         )
         self._last_time_ns = now_ns
         return snapshot

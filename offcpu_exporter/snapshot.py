@@ -225,6 +225,9 @@ class ProcessKey:
         return self._hash
 
 
+Where = tuple[str, str, str]  # (namespace, pod, container)
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessInfo:
     key: ProcessKey
@@ -245,6 +248,11 @@ class ProcessInfo:
     @property
     def exe_name(self) -> str:
         return self.exe.rsplit("/", 1)[-1] if self.exe else self.comm
+
+    @property
+    def where(self) -> Where:
+        """(namespace, pod, container); all three empty outside pods."""
+        return (self.namespace, self.pod, self.container)
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +347,16 @@ class Health:
 
 
 @dataclass(frozen=True, slots=True)
+class Rollup:
+    """Blocks summed over processes, exited ones included: increases accumulated as they were
+    counted, so that an exit never lowers them (rollup.py)."""
+
+    total: Counter = ZERO
+    by_reason: Mapping[Reason, Counter] = field(default_factory=lambda: MappingProxyType({}))
+    histogram: tuple[int, ...] = ()  # as ProcessView.histogram
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     sequence: int  # 0 for the empty snapshot before the first flush
     time_ns: int  # wall clock (time.time_ns()) at the end of the flush
@@ -350,6 +368,11 @@ class Snapshot:
     # In the history (history.py): the sequence of the first flush this snapshot sums, whose
     # increases from `interval_start_ns` it holds together; 0: this flush's own only.
     merged_from: int = 0
+    # Every process counted since start, and each container with a process in `processes` (its
+    # by_reason left empty): what outputs that fold thousands of processes into a few series read
+    # instead of every process's view.
+    everything: Rollup = Rollup()
+    containers: Mapping[Where, Rollup] = field(default_factory=lambda: MappingProxyType({}))
 
     @staticmethod
     def empty(start_time_ns: int = 0) -> Snapshot:

@@ -16,9 +16,11 @@ were written against (so they are not merged into one set):
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
+from typing import Any
 
+from offcpu_exporter.rollup import Rollups
 from offcpu_exporter.snapshot import (
     Counter,
     Frame,
@@ -163,10 +165,28 @@ def snapshot(
         processes=MappingProxyType(views),
         samples=tuple(samples),
         health=Health(),
+        **rolled_up(views),
     )
 
 
 # --- snapshots from rows -------------------------------------------------------------------------
+
+
+
+def rolled_up(views: Mapping[ProcessKey, ProcessView]) -> dict[str, Any]:
+    """Snapshot.everything and .containers (as keyword arguments) of a snapshot made at once from
+    its views: the processes' sums, as the aggregator's are when nothing exited before."""
+    rollups = Rollups()
+    for view in views.values():
+        where = view.info.where
+        if view.by_reason:
+            for reason, value in view.by_reason.items():
+                rollups.add(where, reason, value)
+        elif view.total:
+            rollups.add(where, None, view.total)
+        if view.histogram:
+            rollups.add_blocks(where, view.histogram)
+    return {"everything": rollups.everything(), "containers": rollups.containers(v.info.where for v in views.values())}
 
 
 def snapshot_of(
@@ -199,6 +219,7 @@ def snapshot_of(
         processes=MappingProxyType(processes),
         samples=tuple(samples),
         health=Health(flushes=sequence) if health is None else health,
+        **rolled_up(processes),
     )
 
 
@@ -414,6 +435,7 @@ class Builder:
         self.infos: dict[ProcessKey, ProcessInfo] = {}
         self.totals: dict[tuple[ProcessKey, int, Reason, Stack], Counter] = {}
         self.hist: dict[ProcessKey, list[int]] = {}
+        self.rollups = Rollups()  # as the aggregator keeps them: exits do not lower them
         self.health = Health(attach_mode="tracepoint", hooked_symbols=("sched:sched_switch",), probe_attached=True)
 
     def add(
@@ -427,12 +449,17 @@ class Builder:
     ) -> None:
         self.infos[info.key] = info
         key = (info.key, tid, reason, st)
-        self.totals[key] = self.totals.get(key, Counter()) + Counter(count, round(seconds * SEC))
+        inc = Counter(count, round(seconds * SEC))
+        self.totals[key] = self.totals.get(key, Counter()) + inc
+        self.rollups.add(info.where, reason, inc)
 
     def add_blocks(self, info: ProcessInfo, slots: dict[int, int]) -> None:
         h = self.hist.setdefault(info.key, [0] * 27)
+        growth = [0] * 27
         for i, n in slots.items():
             h[i] += n
+            growth[i] = n
+        self.rollups.add_blocks(info.where, growth)
 
     def remove(self, key: ProcessKey) -> None:
         self.infos.pop(key, None)
@@ -470,6 +497,8 @@ class Builder:
             MappingProxyType(views),
             samples,
             self.health,
+            everything=self.rollups.everything(),
+            containers=self.rollups.containers(info.where for info in self.infos.values()),
         )
 
 
@@ -505,7 +534,8 @@ def many_process_snapshot(processes: int, stacks: int, depth: int, shared: bool 
         views[key] = ProcessView(info, total, MappingProxyType({Reason.SLEEPING: total}))
     now = 1_800_000_000_000_000_000
     return Snapshot(
-        2, now, now - 5_000_000_000, now - 10_000_000_000, MappingProxyType(views), tuple(samples), Health()
+        2, now, now - 5_000_000_000, now - 10_000_000_000, MappingProxyType(views), tuple(samples), Health(),
+        **rolled_up(views),
     )
 
 
@@ -539,7 +569,7 @@ def snapshot_history(processes: int, stacks: int, depth: int, snapshots: int) ->
             for key, tid, reason, st in rows
         )
         t = n * 5_000_000_000
-        out.append(Snapshot(n, t, t - 5_000_000_000, 0, MappingProxyType(views), samples, Health()))
+        out.append(Snapshot(n, t, t - 5_000_000_000, 0, MappingProxyType(views), samples, Health(), **rolled_up(views)))
     return out
 
 
@@ -587,4 +617,5 @@ def scrape_snapshot(sequence: int, processes: int, stacks_per_process: int) -> S
         MappingProxyType(views),
         tuple(samples),
         health,
+        **rolled_up(views),
     )

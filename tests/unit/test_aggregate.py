@@ -17,7 +17,7 @@ from offcpu_exporter import aggregate
 from offcpu_exporter.aggregate import AggregateConfig, Aggregator, apportion, increase
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import CounterValue, StartEntry, ktime_ns
-from offcpu_exporter.snapshot import ZERO, Counter, Frame, FrameKind, LostHalf, Reason
+from offcpu_exporter.snapshot import ZERO, Counter, Frame, FrameKind, LostHalf, Reason, Rollup
 from offcpu_exporter.symbols import UNKNOWN
 from offcpu_exporter.targets import ProcessTable, TargetRules
 from testkit.kernel_maps import MemoryMaps, exact, key
@@ -457,6 +457,43 @@ def test_a_reused_pid_gives_the_kernel_counters_and_histogram_to_the_old_process
     assert totals[new] == Counter(1, 50)
     assert snap.processes[old].histogram[5] == 3
     assert snap.processes[new].histogram[7] == 1 and snap.processes[new].histogram[5] == 0
+
+
+def test_the_rollups_sum_every_process_counted_and_exits_do_not_lower_them(proc: Path) -> None:
+    """Snapshot.everything and .containers, which outputs folding many processes read instead of
+    every view: the sums of the views while all are present, kept when a process is replaced and
+    when it expires."""
+    kernel = _kernel()
+    table = ProcessTable(TargetRules(comm=re.compile("app|new")), proc_root=str(proc))
+    table.refresh()
+    agg = Aggregator(kernel, Names(), table, AggregateConfig(exited_grace_seconds=0.0))  # type: ignore[arg-type]
+    kernel.counts[KEY] = exact(1, 100)
+    kernel.counts[key(42, U2, K2, reason=2)] = exact(2, 50)
+    kernel.hist[42] = [0] * layout.HIST_SLOTS
+    kernel.hist[42][5] = 3
+    snap = agg.flush()
+    (view,) = snap.processes.values()
+    assert snap.everything.total == view.total == Counter(3, 150)
+    assert snap.everything.by_reason == view.by_reason
+    assert snap.everything.histogram == view.histogram
+    assert snap.containers == {("", "", ""): Rollup(Counter(3, 150), {}, view.histogram)}
+    old = view.info.key
+    kernel.counts[KEY] = exact(4, 400)  # the old process's last blocks
+    (proc / "42" / "stat").write_text("42 (new) S 1 " + " ".join(["0"] * 17) + " 999 0 0\n")
+    agg.processes.refresh()
+    agg.process_replaced(old)
+    kernel.counts[KEY] = exact(1, 7)  # the new process
+    kernel.hist[42] = [0] * layout.HIST_SLOTS
+    kernel.hist[42][7] = 1
+    snap = agg.flush()
+    assert snap.everything.total == sum((v.total for v in snap.processes.values()), ZERO) == Counter(7, 457)
+    (proc / "42" / "stat").unlink()  # the new one exits too, and both are past their grace
+    agg.processes.refresh()
+    agg.flush()
+    snap = agg.flush()
+    assert not snap.processes and not snap.containers
+    assert snap.everything.total == Counter(7, 457)
+    assert snap.everything.histogram[5] == 3 and snap.everything.histogram[7] == 1
 
 
 def test_per_thread_totals_are_in_the_process_view(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:

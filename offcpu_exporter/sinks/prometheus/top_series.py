@@ -25,7 +25,6 @@ Two rules keep every exported counter monotonic while bounding cardinality:
 
 from __future__ import annotations
 
-import itertools
 import logging
 import operator
 import threading
@@ -213,17 +212,18 @@ class Selection:
         self._lock = threading.Lock()
         self._view: SelectionView | None = None
         self._selected: set[ProcessKey] = set()
-        self._folded_last: dict[ProcessKey, ProcessView] = {}
-        self._folded_total = ZERO
-        self._folded_by_reason: dict[Reason, Counter] = {}
-        self._folded_hist: list[int] = []
+        self._folded: set[ProcessKey] = set()  # folded into pid="other", present in the last view
         self._ever_folded = False
+        # pid="other" is everything counted (Snapshot.everything) less the processes shown on their
+        # own: those shown now, and those shown until they left the snapshots (`_left`, as last seen).
+        self._shown_last: dict[ProcessKey, ProcessView] = {}
+        self._left_total = ZERO
+        self._left_by_reason: dict[Reason, Counter] = {}
+        self._left_hist: list[int] = []
         self._stacks: dict[ProcessKey, _Slots[str, Counter]] = {}
         self._threads: dict[ProcessKey, _Slots[int, Mapping[Reason, Counter]]] = {}
         self._overflow = {"processes": 0, "stacks": 0, "threads": 0}
         self._log = RateLimitedLog(log, interval=300.0)
-        self._group_last: dict[ProcessKey, ProcessView] = {}
-        self._groups: dict[tuple[str, str, str], tuple[list[int], Counter]] = {}
 
     def view(self, snapshot: Snapshot) -> SelectionView:
         """The view of `snapshot`; computed once per sequence (callers may be concurrent)."""
@@ -237,7 +237,10 @@ class Selection:
 
     def _update(self, snapshot: Snapshot) -> SelectionView:
         present = snapshot.processes
+        for key in [k for k in self._selected if k not in present]:
+            self._left(self._shown_last.pop(key))
         self._selected.intersection_update(present)
+        self._folded.intersection_update(present)
         for slots in (self._stacks, self._threads):
             for key in [k for k in slots if k not in self._selected]:
                 del slots[key]
@@ -250,14 +253,15 @@ class Selection:
 
         series = []
         for key in sorted(self._selected, key=lambda k: (k.pid, k.start_ticks)):
-            view = present[key]
+            view = self._shown_last[key] = present[key]
             series.append(self._process_series(view, samples_by_process.get(key, ()), snapshot.time_ns))
-        folded = self._fold(present)
-        groups = self._group_histograms(present) if self.group_histograms else ()
+        folded = self._fold(snapshot)
+        groups = tuple(GroupHistogram(where, rollup.histogram, rollup.total)
+                       for where, rollup in sorted(snapshot.containers.items())) if self.group_histograms else ()
         return SelectionView(snapshot.sequence, tuple(series), folded, dict(self._overflow), groups)
 
     def _choose_processes(self, present: Mapping[ProcessKey, ProcessView]) -> None:
-        new = [v for k, v in present.items() if k not in self._selected and k not in self._folded_last]
+        new = [v for k, v in present.items() if k not in self._selected and k not in self._folded]
         if not new:
             return
         new.sort(key=lambda v: (-v.total.ns, v.info.pid))
@@ -267,7 +271,7 @@ class Selection:
         refused = new[free:]
         for v in refused:
             # Folded from the start: its whole total is an increase of pid="other".
-            self._folded_last[v.info.key] = _empty_like(v)
+            self._folded.add(v.info.key)
         if refused:
             self._ever_folded = True
             self._overflow["processes"] += len(refused)
@@ -278,45 +282,31 @@ class Selection:
                 self._overflow["processes"],
             )
 
-    def _fold(self, present: Mapping[ProcessKey, ProcessView]) -> FoldedProcesses | None:
-        for key in [k for k in self._folded_last if k not in present]:
-            del self._folded_last[key]  # exited: what it had is already accumulated
-        for key, last in self._folded_last.items():
-            now = present[key]
-            if now is last:
-                continue
-            if now.by_reason != last.by_reason:  # (the total is their sum)
-                self._folded_total += _increase(now.total, last.total)
-                for reason, value in now.by_reason.items():
-                    inc = _increase(value, last.by_reason.get(reason, ZERO))
-                    if inc:
-                        self._folded_by_reason[reason] = self._folded_by_reason.get(reason, ZERO) + inc
-            _add_growth(self._folded_hist, now.histogram, last.histogram)
-            self._folded_last[key] = now
+    def _left(self, last: ProcessView) -> None:
+        """A shown process left the snapshots (past its grace): what it had stays out of pid="other"
+        (its increases after the last view, which no series of its own showed, go there)."""
+        self._left_total += last.total
+        for reason, value in last.by_reason.items():
+            self._left_by_reason[reason] = self._left_by_reason.get(reason, ZERO) + value
+        _add_slots(self._left_hist, last.histogram)
+
+    def _fold(self, snapshot: Snapshot) -> FoldedProcesses | None:
         if not self._ever_folded:
             return None
-        return FoldedProcesses(
-            len(self._folded_last), self._folded_total, dict(self._folded_by_reason), tuple(self._folded_hist)
-        )
-
-    def _group_histograms(self, present: Mapping[ProcessKey, ProcessView]) -> tuple[GroupHistogram, ...]:
-        for key in [k for k in self._group_last if k not in present]:
-            del self._group_last[key]  # exited and past its grace: its increases are in its group
-        alive: set[tuple[str, str, str]] = set()
-        for key, now in present.items():
-            where = (now.info.namespace, now.info.pod, now.info.container)
-            alive.add(where)
-            last = self._group_last.get(key)
-            slots, total = self._groups.get(where, ([], ZERO))
-            _add_growth(slots, now.histogram, last.histogram if last is not None else ())
-            if last is None or now.total is not last.total:
-                total += _increase(now.total, last.total if last is not None else ZERO)
-            self._groups[where] = (slots, total)
-            self._group_last[key] = now
-        # A group none of whose processes is left ends its series, as a process's end after its grace.
-        for where in [w for w in self._groups if w not in alive]:
-            del self._groups[where]
-        return tuple(GroupHistogram(w, tuple(self._groups[w][0]), self._groups[w][1]) for w in sorted(self._groups))
+        shown = [self._shown_last[key] for key in self._selected]
+        everything = snapshot.everything
+        total = everything.total - self._left_total
+        by_reason = dict(everything.by_reason)
+        hist = list(everything.histogram)
+        for reason, value in self._left_by_reason.items():
+            by_reason[reason] = by_reason.get(reason, ZERO) - value
+        _sub_slots(hist, self._left_hist)
+        for view in shown:
+            total -= view.total
+            for reason, value in view.by_reason.items():
+                by_reason[reason] = by_reason.get(reason, ZERO) - value
+            _sub_slots(hist, view.histogram)
+        return FoldedProcesses(len(self._folded), total, {r: c for r, c in by_reason.items() if c}, tuple(hist))
 
     def _process_series(
         self, view: ProcessView, samples: Sequence[tuple[Stack, Counter]], time_ns: int
@@ -379,23 +369,18 @@ class Selection:
         )
 
 
-def _add_growth(slots: list[int], now: Sequence[int], before: Sequence[int]) -> None:
-    """Adds how much each slot of a histogram grew from `before` to `now` (none that shrank: a
-    reset) to `slots`: loops in C, for thousands of processes at every new snapshot."""
-    if len(slots) < len(now):
-        slots.extend([0] * (len(now) - len(slots)))
-    if now == before:
-        return
-    if len(before) < len(now):
-        before = (*before, *([0] * (len(now) - len(before))))
-    grown = map(max, map(operator.sub, now, before), itertools.repeat(0))
-    head = list(map(operator.add, slots, grown))  # as long as `now`: slots past it stay
-    slots[: len(head)] = head
+def _add_slots(slots: list[int], more: Sequence[int]) -> None:
+    if len(slots) < len(more):
+        slots.extend([0] * (len(more) - len(slots)))
+    slots[: len(more)] = map(operator.add, slots, more)  # (in C)
+
+
+def _sub_slots(slots: list[int], less: Sequence[int]) -> None:
+    if len(slots) < len(less):
+        slots.extend([0] * (len(less) - len(slots)))
+    slots[: len(less)] = map(operator.sub, slots, less)
 
 
 def _increase(now: Counter, before: Counter) -> Counter:
     return Counter(max(now.count - before.count, 0), max(now.ns - before.ns, 0))
 
-
-def _empty_like(view: ProcessView) -> ProcessView:
-    return ProcessView(view.info, ZERO, {}, ())

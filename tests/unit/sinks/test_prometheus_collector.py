@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import math
+import random
 import shutil
 import subprocess
 from collections import defaultdict
@@ -26,6 +27,8 @@ from offcpu_exporter.snapshot import (
     FrameKind,
     Health,
     LostHalf,
+    ProcessInfo,
+    ProcessKey,
     Reason,
     Snapshot,
     Stack,
@@ -678,3 +681,50 @@ def test_telemetry_path_is_node_exporters_flag() -> None:
     with pytest.raises(ValueError, match="must start with '/'"):
         prom_sink.create(parser.parse_args(["--web.telemetry-path", "metrics"]), SinkContext(
             latest=lambda: snap, flush_now=lambda t: snap, routes=Routes()))
+
+
+def test_other_is_the_folded_processes_sum_as_processes_come_and_go() -> None:
+    """pid="other" is read from the snapshot's sums less the processes shown on their own rather
+    than summed over every process at every scrape: over random arrivals, exits and growth it still
+    equals the sum of the processes never shown (each is shown for its whole life or never), exits
+    never lower it, and the per-container histograms count every block of their processes."""
+    rng = random.Random(28)
+    b = Builder()
+    sel = Selection(max_processes=4, group_histograms=True)
+    live: list[ProcessInfo] = []
+    totals: dict[ProcessKey, float] = {}
+    blocks: dict[tuple[str, str, str], int] = defaultdict(int)
+    ever_shown: set[int] = set()
+    last_other = 0.0
+    next_pid = 100
+    for _ in range(60):
+        for _ in range(rng.randrange(3)):
+            pod = rng.choice(("", "web-0", "db-0"))
+            info = process(next_pid, f"p{next_pid}", namespace="shop" if pod else "", pod=pod,
+                           container="app" if pod else "")
+            next_pid += 1
+            live.append(info)
+            totals[info.key] = 0.0
+        for info in rng.sample(live, k=min(len(live), 3)):
+            seconds, count = rng.randrange(1, 50) / 10, rng.randrange(1, 5)
+            b.add(info, stack(rng.choice(("a", "b"))), seconds, count=count)
+            b.add_blocks(info, {rng.randrange(27): count})
+            totals[info.key] += seconds
+            blocks[info.where] += count
+        text = render(b, selection=sel)
+        shown = {int(p) for p in by(text, "offcpu_seconds_total", "pid") if p != "other"}
+        assert not (ever_shown - shown) & {i.pid for i in live}, "a live process left its own series"
+        ever_shown |= shown
+        other = by(text, "offcpu_seconds_total", "pid").get("other", 0.0)
+        assert other == pytest.approx(sum(t for k, t in totals.items() if k.pid not in ever_shown))
+        assert other >= last_other - 1e-9
+        last_other = other
+        for where in [w for w in blocks if not any(i.where == w for i in live)]:
+            del blocks[where]  # none of its processes left: its series end, and start from 0 again
+        counts = {lab["pod"]: v for lab, v in samples(text, "offcpu_block_duration_seconds_count")}
+        assert counts == {w[1]: n for w, n in blocks.items()}
+        # Exits right after a scrape, so that every increase was seen by one.
+        for info in rng.sample(live, k=min(len(live), rng.randrange(2))):
+            live.remove(info)
+            b.remove(info.key)
+    assert len(ever_shown) < next_pid - 100, "no process was folded"
