@@ -461,7 +461,7 @@ class Aggregator:
                     self._lost[lost] = self._lost.get(lost, 0) + inc.count
         if by_reason is not None:
             self._views.pop(pkey, None)
-            self.rollups.add(info.where, reason, Counter(group.blocks, group.ns))  # (the rows' sum)
+            self.rollups.add(info.where, reason, group.blocks, group.ns)  # (the rows' sum)
         if tid and self.config.thread_names and (tgid, tid) not in self._thread_names:
             self._thread_names[(tgid, tid)] = _thread_name(tgid, tid)
 

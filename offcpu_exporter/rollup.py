@@ -13,7 +13,7 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 
-from offcpu_exporter.snapshot import ZERO, Counter, Reason, Rollup, Where
+from offcpu_exporter.snapshot import Counter, Reason, Rollup, Where
 
 __all__ = ["Rollups"]
 
@@ -21,18 +21,25 @@ _EMPTY = Rollup()
 
 
 class _Sums:
-    __slots__ = ("by_reason", "histogram", "rollup", "total")
+    # Plain integers, made into Counters only when read: added to for every process counted.
+    __slots__ = ("blocks", "by_reason", "histogram", "ns", "rollup")
 
     def __init__(self) -> None:
-        self.total = ZERO
-        self.by_reason: dict[Reason, Counter] = {}
+        self.blocks = self.ns = 0
+        self.by_reason: dict[Reason, list[int]] = {}  # -> [blocks, ns]
         self.histogram: list[int] = []
         self.rollup: Rollup | None = _EMPTY  # None once changed: made again when read
 
-    def add(self, reason: Reason | None, inc: Counter) -> None:
-        self.total += inc
+    def add(self, reason: Reason | None, blocks: int, ns: int) -> None:
+        self.blocks += blocks
+        self.ns += ns
         if reason is not None:
-            self.by_reason[reason] = self.by_reason.get(reason, ZERO) + inc
+            sums = self.by_reason.get(reason)
+            if sums is None:
+                self.by_reason[reason] = [blocks, ns]
+            else:
+                sums[0] += blocks
+                sums[1] += ns
         self.rollup = None
 
     def add_blocks(self, growth: Sequence[int]) -> None:
@@ -43,7 +50,8 @@ class _Sums:
 
     def read(self) -> Rollup:
         if self.rollup is None:
-            self.rollup = Rollup(self.total, MappingProxyType(dict(self.by_reason)), tuple(self.histogram))
+            by_reason = {reason: Counter(blocks, ns) for reason, (blocks, ns) in self.by_reason.items()}
+            self.rollup = Rollup(Counter(self.blocks, self.ns), MappingProxyType(by_reason), tuple(self.histogram))
         return self.rollup
 
 
@@ -54,13 +62,13 @@ class Rollups:
         self._everything = _Sums()
         self._containers: dict[Where, _Sums] = {}
 
-    def add(self, where: Where, reason: Reason | None, inc: Counter) -> None:
+    def add(self, where: Where, reason: Reason | None, blocks: int, ns: int) -> None:
         """A process's off-CPU increase for one reason (None: not told apart by reason)."""
-        self._everything.add(reason, inc)
+        self._everything.add(reason, blocks, ns)
         sums = self._containers.get(where)
         if sums is None:
             sums = self._containers[where] = _Sums()
-        sums.add(None, inc)  # (containers' totals only: their histograms' sums)
+        sums.add(None, blocks, ns)  # (containers' totals only: their histograms' sums)
 
     def add_blocks(self, where: Where, growth: Sequence[int]) -> None:
         """How much a process's block-duration histogram grew, slot by slot."""

@@ -181,9 +181,9 @@ def rolled_up(views: Mapping[ProcessKey, ProcessView]) -> dict[str, Any]:
         where = view.info.where
         if view.by_reason:
             for reason, value in view.by_reason.items():
-                rollups.add(where, reason, value)
+                rollups.add(where, reason, value.count, value.ns)
         elif view.total:
-            rollups.add(where, None, view.total)
+            rollups.add(where, None, view.total.count, view.total.ns)
         if view.histogram:
             rollups.add_blocks(where, view.histogram)
     return {"everything": rollups.everything(), "containers": rollups.containers(v.info.where for v in views.values())}
@@ -451,7 +451,7 @@ class Builder:
         key = (info.key, tid, reason, st)
         inc = Counter(count, round(seconds * SEC))
         self.totals[key] = self.totals.get(key, Counter()) + inc
-        self.rollups.add(info.where, reason, inc)
+        self.rollups.add(info.where, reason, inc.count, inc.ns)
 
     def add_blocks(self, info: ProcessInfo, slots: dict[int, int]) -> None:
         h = self.hist.setdefault(info.key, [0] * 27)
