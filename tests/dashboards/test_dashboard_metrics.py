@@ -80,8 +80,8 @@ def test_import_asks_for_the_prometheus_datasource() -> None:
 def test_every_metric_is_declared_by_the_prometheus_sink() -> None:
     # The sink's collector (offcpu_exporter/sinks/prometheus) declares its families up front (describe()):
     # the dashboard's metrics are among them, with the exposition's names (_total on counters, _info on infos).
+    from offcpu_exporter.series.selection import Selection
     from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
-    from offcpu_exporter.sinks.prometheus.top_series import Selection
     from offcpu_exporter.snapshot import Snapshot
 
     collector = OffCPUCollector(lambda: Snapshot.empty(), lambda: [], Selection(), bcc="x")

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from offcpu_exporter.series.selection import Selection
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
-from offcpu_exporter.sinks.prometheus.top_series import Selection
 from testkit.snapshots import Builder, process, stack
 
 SECRET = "hunter2-s3cr3t"

@@ -29,7 +29,7 @@ from offcpu_exporter.formats.profile import Profile
 from offcpu_exporter.formats.proto import profile_pb2
 from offcpu_exporter.sinks.otlp.metrics import OffcpuMetrics
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
-from offcpu_exporter.sinks.prometheus.top_series import Selection
+from offcpu_exporter.series.selection import Selection
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import ExportProfilesServiceRequest
 from testkit.snapshots import make_after, make_before
 

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import grpc
 from opentelemetry.util.re import parse_env_headers
 
-from offcpu_exporter.sinks.prometheus.top_series import DEFAULT_LIMITS
+from offcpu_exporter.series.selection import DEFAULT_LIMITS
 
 from .options import (
     COMPRESSIONS,

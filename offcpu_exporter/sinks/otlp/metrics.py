@@ -44,8 +44,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from offcpu_exporter import __version__
+from offcpu_exporter.series.selection import DEFAULT_LIMITS, Selection, one_per_pid
 from offcpu_exporter.sinks import SinkStats
-from offcpu_exporter.sinks.prometheus.top_series import DEFAULT_LIMITS, Selection, one_per_pid
 from offcpu_exporter.snapshot import SWITCH_REASONS, ZERO, Counter, ProcessView, Reason, Snapshot
 
 from .endpoints import OtlpConfig
@@ -98,7 +98,7 @@ class OffcpuMetrics:
         max_processes: int = DEFAULT_LIMITS.max_processes,
     ) -> None:
         self._latest = latest
-        self._selection = Selection(max_processes=max_processes, top_stacks=top_stacks)
+        self._selection = Selection(max_processes=max_processes, top_stacks=top_stacks, flags="--otlp")
         self._stack_attribute = stack_attribute
         self._lock = threading.Lock()
         self._sequence = -1

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from offcpu_exporter.config import format_duration, positive_int, seconds
-from offcpu_exporter.sinks.prometheus.top_series import DEFAULT_LIMITS
+from offcpu_exporter.series.selection import DEFAULT_LIMITS
 
 # Defaults stated once: the flags' help, the OTLP config (endpoints.py) and the profiles delivery read them.
 TIMEOUT = 10.0  # seconds per export attempt (OTEL_EXPORTER_OTLP_TIMEOUT's default)

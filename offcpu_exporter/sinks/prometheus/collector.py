@@ -15,16 +15,16 @@ from prometheus_client.metrics_core import (
 from prometheus_client.utils import floatToGoString
 
 import offcpu_exporter
-from offcpu_exporter.sinks import Sink
-from offcpu_exporter.sinks.prometheus.top_series import (
+from offcpu_exporter.series.selection import (
     FoldedProcesses,
     ProcessSeries,
     Selection,
     SelectionView,
     one_per_pid,
 )
+from offcpu_exporter.series.wait_site import CALL_PATH_FRAMES, wait_site
+from offcpu_exporter.sinks import Sink
 from offcpu_exporter.snapshot import HISTOGRAM_BUCKETS_US, SWITCH_REASONS, Counter, Health, Reason, Snapshot
-from offcpu_exporter.waitsite import CALL_PATH_FRAMES, wait_site
 
 __all__ = ["OffCPUCollector", "bcc_version"]
 

@@ -6,8 +6,8 @@ import argparse
 from dataclasses import dataclass
 
 from offcpu_exporter.config import positive_int
-from offcpu_exporter.sinks.prometheus.top_series import DEFAULT_LIMITS
-from offcpu_exporter.waitsite import CALL_PATH_FRAMES
+from offcpu_exporter.series.selection import DEFAULT_LIMITS
+from offcpu_exporter.series.wait_site import CALL_PATH_FRAMES
 
 __all__ = ["DEFAULTS", "HISTOGRAM_BY", "PrometheusOptions", "add_arguments", "enabled"]
 

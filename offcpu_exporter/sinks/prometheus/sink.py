@@ -12,11 +12,11 @@ from collections.abc import Hashable
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
+from offcpu_exporter.series.selection import Selection
 from offcpu_exporter.sinks import SinkContext, SinkStats
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
 from offcpu_exporter.sinks.prometheus.exposition import ExpositionCache
 from offcpu_exporter.sinks.prometheus.options import DEFAULTS, PrometheusOptions
-from offcpu_exporter.sinks.prometheus.top_series import Selection
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.web import Request, Response
 from offcpu_exporter.web.compression import accepts_gzip

@@ -15,12 +15,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
+from offcpu_exporter.series.selection import Selection
 from offcpu_exporter.sinks import SinkContext, SinkStats
 from offcpu_exporter.sinks.prometheus import options as prom_options
 from offcpu_exporter.sinks.prometheus import sink as prom_sink
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
 from offcpu_exporter.sinks.prometheus.exposition import ExpositionCache
-from offcpu_exporter.sinks.prometheus.top_series import Selection
 from offcpu_exporter.snapshot import (
     HISTOGRAM_BUCKETS_US,
     Frame,

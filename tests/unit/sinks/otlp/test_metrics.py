@@ -8,9 +8,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from offcpu_exporter import __version__
+from offcpu_exporter.series.selection import Selection
 from offcpu_exporter.sinks.otlp.metrics import OffcpuMetrics
 from offcpu_exporter.sinks.prometheus.collector import OffCPUCollector
-from offcpu_exporter.sinks.prometheus.top_series import Selection
 from offcpu_exporter.snapshot import Counter, Frame, FrameKind, ProcessInfo, ProcessKey, Reason, Snapshot, Stack
 from testkit.otlp_metrics import points, resource_of
 from testkit.otlp_receivers import GrpcReceiver, HttpReceiver
@@ -175,3 +175,17 @@ def test_env_service_name_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OTEL_SERVICE_NAME")
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "host.name=node-7")
     assert exporter_resource("h").attributes["host.name"] == "node-7"
+
+
+def test_limit_messages_name_the_otlp_flags(caplog: pytest.LogCaptureFixture) -> None:
+    """The selection is shared with Prometheus; what an OTLP user is told to raise is an OTLP flag."""
+    procs = [ProcessInfo(key=ProcessKey(100 + i, i), comm=f"p{i}") for i in range(3)]
+    rows = [(p, 0, "", Reason.SLEEPING, _stack(i), Counter(1, 10**9), Counter(1, 10**9))
+            for p in procs for i in range(3)]
+    snapshot = snapshot_of(rows, sequence=1)
+    metrics = OffcpuMetrics(lambda: snapshot, top_stacks=1, max_processes=2)
+    with caplog.at_level("INFO", logger="offcpu_exporter.series.selection"):
+        metrics.rows()
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "--otlp.max-processes=2" in messages and "--otlp.top-stacks=1" in messages
+    assert "--prometheus" not in messages

@@ -1,4 +1,5 @@
-"""Which processes and stacks get their own Prometheus series, decided once per snapshot.
+"""Which processes and stacks get series of their own (Prometheus, OTLP metrics), decided once per
+snapshot.
 
 Two rules keep every exported counter monotonic while bounding cardinality:
 
@@ -17,9 +18,9 @@ Two rules keep every exported counter monotonic while bounding cardinality:
 - Threads (with --per-thread): the same rule per process, with ``tid="other"`` for the rest: each
   selected process exports its top K threads by recent off-CPU time, and ``other`` is the process's
   total per reason minus those series.
-- Block-duration histograms per container (``--prometheus.histogram-by container``): every process
-  present, selected or folded, adds its increases to the histogram of its (namespace, pod,
-  container), host processes to the one with empty names. A group's series last as long as one of
+- Block-duration histograms per container (``--prometheus.histogram-by container``): every process,
+  selected or folded, adds its increases to the histogram of its (namespace, pod, container), host
+  processes to the one with empty names (read from Snapshot.containers). A group's series last as long as one of
   its processes is in the snapshot (so through the exited grace of the last one), then end.
 """
 
@@ -204,7 +205,10 @@ class Selection:
         top_stacks: int = DEFAULT_LIMITS.top_stacks,
         top_threads: int = DEFAULT_LIMITS.top_threads,
         group_histograms: bool = False,
+        flags: str = "--prometheus",
     ) -> None:
+        """`flags`: the prefix of the output's own limit flags, which its messages name."""
+        self.flags = flags
         self.max_processes = max_processes  # 0: no limit
         self.top_stacks = top_stacks
         self.top_threads = top_threads
@@ -276,7 +280,8 @@ class Selection:
             self._ever_folded = True
             self._overflow["processes"] += len(refused)
             self._log.warning(
-                'more than --prometheus.max-processes=%d processes: %d folded into pid="other" (%d since start)',
+                'more than %s.max-processes=%d processes: %d folded into pid="other" (%d since start)',
+                self.flags,
                 self.max_processes,
                 len(refused),
                 self._overflow["processes"],
@@ -319,7 +324,7 @@ class Selection:
             stacks[sid] = stack
         slots = self._stacks.setdefault(view.info.key, _Slots())
         refused = slots.update(self.top_stacks, totals, totals, ZERO, time_ns)
-        self._count_refused("stacks", refused, view, "--prometheus.top-stacks", self.top_stacks, 'stack_id="other"')
+        self._count_refused("stacks", refused, view, f"{self.flags}.top-stacks", self.top_stacks, 'stack_id="other"')
         out = []
         used = ZERO
         for sid, base in slots.chosen.items():
@@ -338,7 +343,7 @@ class Selection:
         totals = {tid: t.total for tid, t in view.threads.items()}
         values = {tid: t.by_reason for tid, t in view.threads.items()}
         refused = slots.update(self.top_threads, totals, values, _NO_REASONS, time_ns)
-        self._count_refused("threads", refused, view, "--prometheus.top-threads", self.top_threads, 'tid="other"')
+        self._count_refused("threads", refused, view, f"{self.flags}.top-threads", self.top_threads, 'tid="other"')
         out = []
         used: dict[Reason, Counter] = {}
         for tid, base in slots.chosen.items():

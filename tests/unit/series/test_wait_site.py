@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from offcpu_exporter.series.wait_site import CALL_PATH_FRAMES, MAX_NAME, FrameRole, role, wait_site
 from offcpu_exporter.snapshot import Frame, FrameKind, Stack
-from offcpu_exporter.waitsite import CALL_PATH_FRAMES, MAX_NAME, FrameRole, role, wait_site
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 APP = "/usr/sbin/nginx"
