@@ -6,7 +6,7 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from offcpu_exporter.aggregate import AggregateConfig
@@ -79,3 +79,16 @@ def total(samples: list[StackSample]) -> Counter:
     for s in samples:
         out = out + s.total
     return out
+
+
+def kernel_names(samples: Iterable[StackSample]) -> set[str]:
+    """The kernel functions of these samples' stacks."""
+    return {f.name.split(" ", 1)[0] for s in samples for f in s.stack.kernel}
+
+
+def in_window(snap: Snapshot, tid: int) -> list[StackSample]:
+    """The thread's samples inside its measured window: the workload marks the window's edges with
+    offcpu_window_mark (an interval is charged when it ends), and its exit (do_exit) comes after."""
+    return [s for s in snap.samples if s.tid == tid
+            and not any(f.name == "offcpu_window_mark" for f in s.stack.user)
+            and "do_exit" not in kernel_names([s])]

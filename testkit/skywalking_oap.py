@@ -184,3 +184,15 @@ class FakeOap:
     def data(self) -> list[Profile_pb2.EBPFProfilingData]:
         with self.lock:
             return [m for s in self.recorded.streams for m in s.messages]
+
+
+def sleep_totals(messages: list[Profile_pb2.EBPFProfilingData]) -> tuple[int, int]:
+    """(switches, ns) of the stacks whose innermost user frame is offcpu_sleep_ms."""
+    count = ns = 0
+    for message in messages:
+        stacks = message.offCPU.stacks
+        user = [s for s in stacks if s.stackType == Profile_pb2.PROCESS_USER_SPACE]
+        if user and user[0].stackSymbols[0] == "offcpu_sleep_ms":
+            count += message.offCPU.switchCount
+            ns += message.offCPU.duration
+    return count, ns

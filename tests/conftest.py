@@ -6,8 +6,12 @@ OFFCPU_SKIP_KERNEL=1 (ignored when CI is set)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from testkit.as_nobody import nobody_workload
 
 
 def _unavailable(probe: bool) -> str | None:
@@ -38,3 +42,10 @@ def _kernel_gate(request: pytest.FixtureRequest) -> None:
     if os.environ.get("OFFCPU_SKIP_KERNEL") == "1" and not os.environ.get("CI"):
         pytest.skip(f"kernel test skipped on request: {reason}")
     pytest.fail(f"kernel test cannot run: {reason} (set OFFCPU_SKIP_KERNEL=1 to skip explicitly)")
+
+
+@pytest.fixture(scope="module")
+def other_users_binary() -> Iterator[Path]:
+    """The workload run as nobody from a binary only nobody can read (testkit/as_nobody.py)."""
+    with nobody_workload() as wrapper:
+        yield wrapper

@@ -11,25 +11,19 @@ cannot be read).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from testkit.workloads import Workload, build
+from testkit.workloads import Workload
 from tests.helm.test_chart import container, render
 
 pytestmark = pytest.mark.kernel
 
 ROOT = Path(__file__).resolve().parents[2]
-NOBODY = 65534
-
-
 def chart_capabilities() -> list[str]:
     return list(container(render({}))["securityContext"]["capabilities"]["add"])
 
@@ -41,24 +35,6 @@ def bounding_set() -> set[str]:
     names = {"DAC_READ_SEARCH": 2, "SYS_PTRACE": 19, "SYS_ADMIN": 21, "SYS_RESOURCE": 24, "SYSLOG": 34,
              "PERFMON": 38, "BPF": 39, "CHECKPOINT_RESTORE": 40}
     return {name for name, bit in names.items() if mask >> bit & 1}
-
-
-@pytest.fixture(scope="module")
-def other_users_binary() -> Iterator[Path]:
-    """A wrapper that runs the workload as nobody, from a copy only nobody can read (mode 0711)."""
-    if shutil.which("setpriv") is None:
-        pytest.fail("setpriv (util-linux) is needed")
-    work = Path(tempfile.mkdtemp(prefix="offcpu-caps-", dir="/tmp"))
-    work.chmod(0o755)
-    binary = work / "offcpu_workload"
-    shutil.copy(build(), binary)
-    os.chown(binary, NOBODY, NOBODY)
-    binary.chmod(0o711)
-    wrapper = work / "as-nobody"
-    wrapper.write_text(f"#!/bin/sh\nexec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups {binary} \"$@\"\n")
-    wrapper.chmod(0o755)
-    yield wrapper
-    shutil.rmtree(work)
 
 
 def record_with(capabilities: list[str], wrapper: Path, tmp_path: Path) -> tuple[int, str, str]:

@@ -10,42 +10,26 @@ The attach mode is OFFCPU_ATTACH (the kernel matrix runs this file in kprobe and
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
 from offcpu_exporter.probe.loader import Probe, ProbeConfig
 from offcpu_exporter.snapshot import ZERO, Reason
-from testkit.inprocess import ATTACH, FLUSH_TIMEOUT, observe, running_pipeline, total, with_function
+from testkit.inprocess import (
+    ATTACH,
+    FLUSH_TIMEOUT,
+    in_window,
+    kernel_names,
+    observe,
+    running_pipeline,
+    total,
+    with_function,
+)
+from testkit.tolerances import COUNT, EDGE, SLACK, TIME, WALL
 from testkit.workloads import Workload
 
 pytestmark = pytest.mark.kernel
-
-# Under the kernel matrix's emulation (QEMU TCG, ~25x slower, emulated clocks) system calls and
-# wake-ups are slow enough that edge effects of a few ms show on 100 ms windows: the tolerances
-# double there, and say so in docs/kernel-matrix.md. On a real machine they are the issue's.
-EMULATED = "OFFCPU_GUEST_KERNEL" in os.environ
-TIME = 0.10 if EMULATED else 0.05  # off-CPU time against the workload's own timing
-# On-CPU + off-CPU against wall time. Under TCG the guest's CPU-time accounting and its clocks are
-# emulated and its vCPUs are host threads sharing 2 cores: 200 ms windows were seen 9% off there.
-WALL = 0.12 if EMULATED else 0.01
-COUNT = 0.02  # switch counts against the workload's blocking calls
-SLACK = 1 if EMULATED else 0  # switches either way, on top
-EDGE = 0.05 if EMULATED else 0.01  # bounds that hold exactly but for clock edges
-
-
-def _kernel_names(samples):  # type: ignore[no-untyped-def]
-    return {f.name.split(" ", 1)[0] for s in samples for f in s.stack.kernel}
-
-
-def _in_window(snap, tid):  # type: ignore[no-untyped-def]
-    """The thread's samples inside its measured window: the workload marks the window's edges with
-    offcpu_window_mark (an interval is charged when it ends), and its exit (do_exit) comes after."""
-    return [s for s in snap.samples if s.tid == tid
-            and not any(f.name == "offcpu_window_mark" for f in s.stack.user)
-            and "do_exit" not in _kernel_names([s])]
-
 
 def test_sleeping_thread_time_count_and_frames(probe: Probe) -> None:
     with Workload("sleep", threads=1, iterations=50, interval_ms=20) as w:
@@ -56,7 +40,7 @@ def test_sleeping_thread_time_count_and_frames(probe: Probe) -> None:
     measured = total(samples)
     assert {s.tid for s in samples} == {thread.tid}
     assert max(samples, key=lambda s: s.total.ns).reason is Reason.SLEEPING
-    assert "do_nanosleep" in _kernel_names(samples)
+    assert "do_nanosleep" in kernel_names(samples)
     # The user half is our own frames from the leaf up: offcpu_sleep_ms <- sleep_worker <- thread_main.
     names = [f.name for f in samples[0].stack.user[:3]]
     assert names == ["offcpu_sleep_ms", "sleep_worker", "thread_main"], names
@@ -78,7 +62,7 @@ def test_perf_event_tracepoint_variant() -> None:
         snap = p.flush_now(FLUSH_TIMEOUT)
     thread = result.threads[0]
     samples = with_function(snap, "offcpu_sleep_ms", w.pid)
-    assert "do_nanosleep" in _kernel_names(samples)
+    assert "do_nanosleep" in kernel_names(samples)
     assert total(samples).ns == pytest.approx(thread.blocked_off_ns, rel=TIME)
     # The perf-event tracepoint shares one per-CPU guard (bpf_prog_active) with BPF map system
     # calls of every BPF user on the machine: a switch can be skipped while such a call is
@@ -98,7 +82,7 @@ def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe, mode: str, threads: int,
     for thread in result.threads:
         # Off CPU includes the time a running thread lost without a switch (Reason.STOLEN): on a
         # loaded VM, up to 11 ms of a 600 ms window went to the hypervisor's other guests.
-        off = sum((s.total for s in _in_window(snap, thread.tid)), ZERO)
+        off = sum((s.total for s in in_window(snap, thread.tid)), ZERO)
         assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns, rel=WALL), thread
 
 
@@ -108,7 +92,7 @@ def test_pipe_reader_blocks_in_pipe_read(readers: int, probe: Probe) -> None:
         result, snap = observe(w, probe=probe)
     samples = with_function(snap, "offcpu_pipe_read", w.pid)
     # pipe_read was renamed anon_pipe_read in 6.16.
-    assert {"pipe_read", "anon_pipe_read"} & _kernel_names(samples), _kernel_names(samples)
+    assert {"pipe_read", "anon_pipe_read"} & kernel_names(samples), kernel_names(samples)
     for thread in result.threads:
         mine = [s for s in samples if s.tid == thread.tid]
         assert total(mine).ns == pytest.approx(thread.blocked_off_ns, rel=TIME), thread
@@ -126,7 +110,7 @@ def test_mutex_waiters_block_in_futex_wait(probe: Probe) -> None:
         result, snap = observe(w, probe=probe)
     samples = with_function(snap, "offcpu_lock_wait", w.pid)
     assert samples, [(s.tid, s.stack.folded()) for s in snap.samples]
-    assert any(name.startswith("futex_wait") for name in _kernel_names(samples)), _kernel_names(samples)
+    assert any(name.startswith("futex_wait") for name in kernel_names(samples)), kernel_names(samples)
     assert result.blocked_off_ns > 100_000_000  # the workload really contended
     for thread in result.threads:
         named = total([s for s in samples if s.tid == thread.tid])

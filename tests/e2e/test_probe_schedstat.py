@@ -9,9 +9,9 @@ import pytest
 
 from offcpu_exporter.probe.loader import Probe
 from offcpu_exporter.snapshot import Reason
-from testkit.inprocess import observe, total
+from testkit.inprocess import in_window, observe, total
+from testkit.tolerances import COUNT, SLACK
 from testkit.workloads import Workload
-from tests.e2e.test_probe import COUNT, SLACK, _in_window
 
 pytestmark = pytest.mark.kernel
 
@@ -26,7 +26,7 @@ def test_switch_counts_match_schedstat(probe: Probe) -> None:
         result, snap = observe(w, probe=probe)
     slack = 2 + 2 * SLACK  # the schedstat reads sit inside the window, a switch or so from its edges
     for thread in result.threads:
-        window = _in_window(snap, thread.tid)
+        window = in_window(snap, thread.tid)
         every = total(window).count
         blocking = total([s for s in window if s.reason is not Reason.RUNNABLE]).count
         assert blocking - slack <= thread.switches <= every + slack, (blocking, every, thread)

@@ -23,12 +23,11 @@ from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import Probe, ProbeConfig, StartEntry, ktime_ns
 from offcpu_exporter.snapshot import ZERO, Counter, Reason, Snapshot
 from testkit.inprocess import ATTACH, FLUSH_TIMEOUT, running_pipeline
+from testkit.tolerances import EMULATED, TIME
 from testkit.workloads import Workload
 
 pytestmark = pytest.mark.kernel
 
-EMULATED = "OFFCPU_GUEST_KERNEL" in os.environ
-TIME = 0.10 if EMULATED else 0.05  # off-CPU time against the workload's own timing
 WINDOW = 0.05 if EMULATED else 0.01  # a window's figures against its length
 
 

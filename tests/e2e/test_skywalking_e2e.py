@@ -15,7 +15,7 @@ import pytest
 from offcpu_exporter.formats.delimited import read_messages
 from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
 from testkit.exporter import ROOT, ExporterProcess
-from testkit.skywalking_oap import FakeOap, Task, oap_process_id
+from testkit.skywalking_oap import FakeOap, Task, oap_process_id, sleep_totals
 from testkit.workloads import Workload, WorkloadResult
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
@@ -56,18 +56,6 @@ def report(what: str, result: WorkloadResult, count: int, ns: int) -> None:
         f"{what}: offcpu_sleep_ms sent {ns / 1e9:.4f} s in {count} switches;"
         f" known {result.blocked_ns / 1e9:.4f} s in {result.calls} calls ({ns / result.blocked_ns - 1:+.2%})"
     )
-
-
-def sleep_totals(messages: list[pb.EBPFProfilingData]) -> tuple[int, int]:
-    """(switches, ns) of the stacks whose innermost user frame is offcpu_sleep_ms."""
-    count = ns = 0
-    for message in messages:
-        stacks = message.offCPU.stacks
-        user = [s for s in stacks if s.stackType == pb.PROCESS_USER_SPACE]
-        if user and user[0].stackSymbols[0] == "offcpu_sleep_ms":
-            count += message.offCPU.switchCount
-            ns += message.offCPU.duration
-    return count, ns
 
 
 def check_stacks(messages: list[pb.EBPFProfilingData]) -> None:

@@ -14,10 +14,10 @@ import pytest
 
 from offcpu_exporter.probe.loader import Probe, ProbeConfig
 from offcpu_exporter.snapshot import ZERO, Reason
-from testkit.inprocess import ATTACH, observe, total
+from testkit.inprocess import ATTACH, in_window, observe, total
+from testkit.tolerances import WALL
 from testkit.unswitched import Unswitched
 from testkit.workloads import Workload
-from tests.e2e.test_probe import WALL, _in_window
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(300)]
 
@@ -51,7 +51,7 @@ def test_time_lost_without_a_switch_is_counted_as_stolen_and_closes_the_wall_clo
             # The two probes' clock reads differ by a program's run: a gap near the threshold can
             # fall on either side of it.
             assert stolen.ns == pytest.approx(measured[thread.tid], abs=200_000, rel=0.1), (thread, measured)
-            off = sum((s.total for s in _in_window(snap, thread.tid)), ZERO)
+            off = sum((s.total for s in in_window(snap, thread.tid)), ZERO)
             assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns, rel=WALL), (thread, stolen)
             seen.append(round(stolen.ns / 1e6, 2))
     print(f"stolen ms per thread: {seen}")

@@ -10,7 +10,7 @@ import time
 
 from offcpu_exporter.web.options import WebOptions
 from offcpu_exporter.web.server import WebServer
-from tests.unit.web.test_web_server import get, make_routes
+from testkit.web_client import get, make_routes
 
 
 def _trickle(port: int, cut_after: list[float]) -> None:

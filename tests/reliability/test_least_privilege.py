@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from offcpu_exporter.privileges import CAP_NAMES, current_capabilities, kept_after_attach
+from testkit.as_nobody import NOBODY
 from testkit.exporter import ROOT, ExporterProcess
 from testkit.workloads import Workload
-from tests.e2e.test_chart_capabilities_kernel import NOBODY, other_users_binary  # noqa: F401 (a fixture)
 from tests.reliability.metrics import total
 
 
@@ -29,7 +29,7 @@ def _bits(mask: str) -> set[str]:
 
 
 @pytest.mark.kernel
-def test_dropped_capabilities_in_every_thread_and_figures_still_right(other_users_binary: Path) -> None:  # noqa: F811
+def test_dropped_capabilities_in_every_thread_and_figures_still_right(other_users_binary: Path) -> None:
     """The workload runs as nobody from a binary only nobody may read: its user frames are named
     only if what was kept still reads another user's maps and files."""
     with Workload("sleep", threads=1, iterations=60, interval_ms=25, binary=other_users_binary) as w, \

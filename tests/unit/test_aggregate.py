@@ -17,33 +17,11 @@ from offcpu_exporter import aggregate
 from offcpu_exporter.aggregate import AggregateConfig, Aggregator, apportion, increase
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import CounterValue, StartEntry, ktime_ns
-from offcpu_exporter.snapshot import ZERO, Counter, Frame, FrameKind, LostHalf, Reason, Rollup
+from offcpu_exporter.snapshot import ZERO, Counter, Frame, LostHalf, Reason, Rollup
 from offcpu_exporter.symbols import UNKNOWN
 from offcpu_exporter.targets import ProcessTable, TargetRules
 from testkit.kernel_maps import MemoryMaps, exact, key
-
-
-class Names:
-    failures = 0
-
-    def kernel(self, addresses):  # type: ignore[no-untyped-def]
-        return tuple(Frame(f"k{a:x}", FrameKind.KERNEL) for a in addresses)
-
-    def user(self, pid, addresses):  # type: ignore[no-untyped-def]
-        return tuple(Frame(f"u{a:x}") for a in addresses)
-
-    def prepare(self, pid: int) -> None:
-        pass
-
-    def generation(self, pid: int) -> int:
-        return 0
-
-    def refresh(self, pid: int) -> int:
-        self.refreshes = getattr(self, "refreshes", 0) + 1
-        return self.generation(pid)
-
-    def forget(self, pid: int) -> None:
-        pass
+from testkit.names import Names
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from offcpu_exporter.sinks import SinkStats
 from offcpu_exporter.snapshot import Counter, Snapshot
 from offcpu_exporter.targets import ProcessTable, TargetRules
 from testkit.kernel_maps import MemoryMaps, exact, key
-from tests.unit.test_aggregate import Names
+from testkit.names import Names
 
 U, K = 0x1_0000, 0x2_0000
 

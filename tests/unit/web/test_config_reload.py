@@ -22,7 +22,7 @@ from offcpu_exporter.web.config_watch import WebConfigWatcher
 from offcpu_exporter.web.options import WebOptions
 from offcpu_exporter.web.server import WebServer
 from testkit.tls import self_signed
-from tests.unit.web.test_web_server import basic, get, make_routes
+from testkit.web_client import basic, get, make_routes
 
 CHECK_INTERVAL_S = 0.1
 

@@ -12,7 +12,7 @@ from offcpu_exporter.web import Response
 from offcpu_exporter.web.http1 import BadRequest, ClientGone, Http1Connection
 from offcpu_exporter.web.options import WebOptions
 from offcpu_exporter.web.server import WebServer
-from tests.unit.web.test_web_server import METRICS, get, make_routes, raw_exchange
+from testkit.web_client import METRICS, get, make_routes, raw_exchange
 
 
 @pytest.fixture(scope="module")

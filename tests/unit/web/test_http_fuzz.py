@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from offcpu_exporter.web.options import WebOptions
 from offcpu_exporter.web.server import WebServer
-from tests.unit.web.test_web_server import METRICS, get, make_routes
+from testkit.web_client import METRICS, get, make_routes
 
 FUZZ = settings(
     max_examples=150,

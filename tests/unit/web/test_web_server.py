@@ -16,7 +16,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from offcpu_exporter.web import Request, Response, Routes
+from offcpu_exporter.web import Routes
 from offcpu_exporter.web import auth as auth_module
 from offcpu_exporter.web.auth import BasicAuth
 from offcpu_exporter.web.compression import accepts_gzip
@@ -24,21 +24,7 @@ from offcpu_exporter.web.config_file import WebConfigError, load_web_config
 from offcpu_exporter.web.options import WebOptions
 from offcpu_exporter.web.server import WebServer
 from testkit.tls import openssl, self_signed
-
-METRICS = b"".join(b'offcpu_seconds_total{pid="%d"} %d\n' % (i, i) for i in range(2000))
-
-
-def make_routes(release: threading.Event | None = None) -> Routes:
-    routes = Routes()
-    routes.add("/metrics", lambda req: Response(200, METRICS, "text/plain; version=0.0.4; charset=utf-8"))
-
-    def slow(req: Request) -> Response:
-        assert release is not None
-        release.wait(30)
-        return Response(200, b"done\n")
-
-    routes.add("/debug/slow", slow)
-    return routes
+from testkit.web_client import METRICS, basic, get, make_routes, raw_exchange
 
 
 @pytest.fixture
@@ -47,27 +33,6 @@ def server() -> Iterator[WebServer]:
     s.start()
     yield s
     s.stop()
-
-
-def get(
-    s: WebServer,
-    path: str,
-    headers: dict[str, str] | None = None,
-    method: str = "GET",
-    context: ssl.SSLContext | None = None,
-    timeout: float = 10,
-) -> tuple[int, dict[str, str], bytes]:
-    conn: http.client.HTTPConnection
-    if context is not None:
-        conn = http.client.HTTPSConnection("127.0.0.1", s.port, timeout=timeout, context=context)
-    else:
-        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=timeout)
-    try:
-        conn.request(method, path, headers=headers or {})
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-    finally:
-        conn.close()
 
 
 def test_endpoints_and_readiness(server: WebServer) -> None:
@@ -161,18 +126,6 @@ def test_request_size_limits() -> None:
         assert get(s, "/metrics")[0] == 200
     finally:
         s.stop()
-
-
-def raw_exchange(port: int, data: bytes, timeout: float = 5) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        sock.sendall(data)
-        chunks = []
-        try:
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-        except (ConnectionResetError, TimeoutError):
-            pass
-        return b"".join(chunks)
 
 
 def test_slowloris_is_cut_after_the_header_timeout_and_blocks_nobody() -> None:
@@ -341,8 +294,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode()
 
 
-def basic(user: str, password: str) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
 
 
 def tls_server(pki: Path, extra: str = "") -> WebServer:
