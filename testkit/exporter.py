@@ -90,3 +90,12 @@ class ExporterProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def parse_folded(text: str) -> dict[str, int]:
+    """Folded stacks (`record --format folded`) as stack -> value, a repeated stack summed."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        stack, _, value = line.rpartition(" ")
+        out[stack] = out.get(stack, 0) + int(value)
+    return out

@@ -1,14 +1,18 @@
 """Reading the PromQL out of a Grafana dashboard JSON: panel targets and variable queries, the metric
-names they use, and the dashboard variables replaced by concrete values for evaluation."""
+names they use, and the dashboard variables replaced by concrete values for evaluation; and the
+dashboard evaluated against a Prometheus server as Grafana would (variables, then panels)."""
 
 from __future__ import annotations
 
 import json
 import re
+import urllib.error
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from testkit.prometheus_server import PrometheusServer
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "dashboards" / "offcpu-exporter.json"
@@ -100,3 +104,77 @@ def substitute(expr: str, values: Mapping[str, str], rate_interval: str, range_:
     """Replace $var / ${var} as Grafana would (regex values for =~ matchers) and the built-in intervals."""
     expr = expr.replace("$__rate_interval", rate_interval).replace("$__range", range_)
     return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m[1]], expr)
+
+
+# -- evaluating a dashboard against a Prometheus server ---------------------------------------
+
+RATE_INTERVAL = "10s"
+VARIABLE_ORDER = ("cluster", "job", "instance", "namespace", "pod", "container", "comm", "pid", "stack_id")
+
+
+def cgroup2_root() -> Path:
+    """Where the cgroup v2 hierarchy is mounted (the tests make pod-like cgroups under it)."""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _dev, where, kind, *_ = line.split()
+        if kind == "cgroup2":
+            return Path(where)
+    raise RuntimeError("no cgroup2 mount")
+
+
+def api(prom: PrometheusServer, path: str, **params: str) -> Any:
+    """prom.api, with Prometheus' own error message (a bad expression is a 400 with a JSON body)."""
+    try:
+        return prom.api(path, **params)
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{path} {params}: {e.code} {e.read().decode(errors='replace')}") from None
+
+
+def grafana_regex_escape(value: str) -> str:
+    # What Grafana's Prometheus datasource does to each value of a multi-value variable: regex-escape
+    # with a doubled backslash, since the regex sits in a PromQL string literal.
+    return re.sub(r"[$^*{}\[\]'+?.()|\\]", lambda m: "\\\\" + m[0], value)
+
+
+def label_values(prom: PrometheusServer, selector: str, label: str, start: float, end: float) -> list[str]:
+    data = api(prom, f"/api/v1/label/{label}/values", **{"match[]": selector, "start": f"{start:.3f}",
+                                                       "end": f"{end:.3f}"})
+    return sorted(v for v in data if v)
+
+
+def resolve_variables(dashboard: Mapping[str, Any], prom: PrometheusServer, start: float, end: float,
+                      chosen: Mapping[str, list[str]]) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Values as Grafana would substitute them, and each variable's options (as Prometheus listed them)."""
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    values: dict[str, str] = {}
+    options: dict[str, list[str]] = {}
+    for name in VARIABLE_ORDER:
+        var = variables[name]
+        m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", var["query"]["query"])
+        assert m, var["query"]
+        found = label_values(prom, substitute(m[1], values, RATE_INTERVAL, "1m"), m[2], start, end)
+        options[name] = found
+        picked = chosen.get(name)
+        if picked is not None:
+            assert set(picked) <= set(found), (name, picked, found)
+            values[name] = "(" + "|".join(grafana_regex_escape(v) for v in picked) + ")"
+        elif var.get("includeAll"):
+            values[name] = var.get("allValue") or "(" + "|".join(grafana_regex_escape(v) for v in found) + ")"
+        else:
+            assert found, f"variable {name} has no values"
+            values[name] = found[0]
+    return values, options
+
+
+def evaluate_panels(dashboard: Mapping[str, Any], prom: PrometheusServer, values: Mapping[str, str],
+                    at: float, range_s: int) -> dict[str, list[dict[str, Any]]]:
+    results = {}
+    for q in queries(dashboard):
+        if q.is_variable:
+            continue
+        expr = substitute(q.expr, values, RATE_INTERVAL, f"{range_s}s")
+        if q.instant:
+            data = api(prom, "/api/v1/query", query=expr, time=f"{at:.3f}")
+        else:
+            data = api(prom, "/api/v1/query_range", query=expr, start=f"{at - 20:.3f}", end=f"{at:.3f}", step="2")
+        results[q.where] = data["result"]
+    return results

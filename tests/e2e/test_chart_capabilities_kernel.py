@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.helm_chart import container, render
 from testkit.workloads import Workload
-from tests.helm.test_chart import container, render
 
 pytestmark = pytest.mark.kernel
 

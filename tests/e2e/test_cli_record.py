@@ -9,19 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from testkit.exporter import ROOT
+from testkit.exporter import ROOT, parse_folded
 from testkit.inprocess import FLUSH_TIMEOUT, running_pipeline, total, with_function
 from testkit.workloads import Workload
 
 pytestmark = pytest.mark.kernel
-
-
-def parse_folded(text: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        stack, _, value = line.rpartition(" ")
-        out[stack] = out.get(stack, 0) + int(value)
-    return out
 
 
 def _record(args: list[str], timeout: float = 120) -> subprocess.Popen[bytes]:

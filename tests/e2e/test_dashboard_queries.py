@@ -11,41 +11,36 @@ The exporter runs with --per-thread, so the per-thread panel has threads to show
 
 from __future__ import annotations
 
-import re
 import time
-import urllib.error
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from testkit.exporter import ExporterProcess
-from testkit.grafana_dashboard import base_name, load, metric_names, queries, substitute
+from testkit.grafana_dashboard import (
+    base_name,
+    cgroup2_root,
+    evaluate_panels,
+    load,
+    metric_names,
+    queries,
+    resolve_variables,
+)
 from testkit.kubernetes_api import NODE, FakeApi, pod
+from testkit.prometheus_server import PrometheusServer, scrape_config
 from testkit.workloads import Workload
-from tests.e2e.prometheus_server import PrometheusServer, scrape_config
 
 pytestmark = pytest.mark.kernel
 
-RATE_INTERVAL = "10s"
-VARIABLE_ORDER = ("cluster", "job", "instance", "namespace", "pod", "container", "comm", "pid", "stack_id")
 POD_UID = str(uuid.uuid4())
 CONTAINER_ID = uuid.uuid4().hex + uuid.uuid4().hex
 
 
-def _cgroup2_root() -> Path:
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        _dev, where, kind, *_ = line.split()
-        if kind == "cgroup2":
-            return Path(where)
-    pytest.fail("no cgroup2 mount")
-
-
 @pytest.fixture
 def pod_cgroup() -> Iterator[Path]:
-    root = _cgroup2_root()
+    root = cgroup2_root()
     top = root / f"kubepods-dash-{uuid.uuid4().hex[:8]}.slice"
     group = top / f"kubepods-pod{POD_UID.replace('-', '_')}.slice" / f"cri-containerd-{CONTAINER_ID}.scope"
     group.mkdir(parents=True)
@@ -54,65 +49,6 @@ def pod_cgroup() -> Iterator[Path]:
         for pid in (path / "cgroup.procs").read_text().split():
             (root / "cgroup.procs").write_text(pid)
         path.rmdir()
-
-
-def api(prom: PrometheusServer, path: str, **params: str) -> Any:
-    """prom.api, with Prometheus' own error message (a bad expression is a 400 with a JSON body)."""
-    try:
-        return prom.api(path, **params)
-    except urllib.error.HTTPError as e:
-        raise AssertionError(f"{path} {params}: {e.code} {e.read().decode(errors='replace')}") from None
-
-
-def grafana_regex_escape(value: str) -> str:
-    # What Grafana's Prometheus datasource does to each value of a multi-value variable: regex-escape
-    # with a doubled backslash, since the regex sits in a PromQL string literal.
-    return re.sub(r"[$^*{}\[\]'+?.()|\\]", lambda m: "\\\\" + m[0], value)
-
-
-def label_values(prom: PrometheusServer, selector: str, label: str, start: float, end: float) -> list[str]:
-    data = api(prom, f"/api/v1/label/{label}/values", **{"match[]": selector, "start": f"{start:.3f}",
-                                                       "end": f"{end:.3f}"})
-    return sorted(v for v in data if v)
-
-
-def resolve_variables(dashboard: Mapping[str, Any], prom: PrometheusServer, start: float, end: float,
-                      chosen: Mapping[str, list[str]]) -> tuple[dict[str, str], dict[str, list[str]]]:
-    """Values as Grafana would substitute them, and each variable's options (as Prometheus listed them)."""
-    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    values: dict[str, str] = {}
-    options: dict[str, list[str]] = {}
-    for name in VARIABLE_ORDER:
-        var = variables[name]
-        m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", var["query"]["query"])
-        assert m, var["query"]
-        found = label_values(prom, substitute(m[1], values, RATE_INTERVAL, "1m"), m[2], start, end)
-        options[name] = found
-        picked = chosen.get(name)
-        if picked is not None:
-            assert set(picked) <= set(found), (name, picked, found)
-            values[name] = "(" + "|".join(grafana_regex_escape(v) for v in picked) + ")"
-        elif var.get("includeAll"):
-            values[name] = var.get("allValue") or "(" + "|".join(grafana_regex_escape(v) for v in found) + ")"
-        else:
-            assert found, f"variable {name} has no values"
-            values[name] = found[0]
-    return values, options
-
-
-def evaluate_panels(dashboard: Mapping[str, Any], prom: PrometheusServer, values: Mapping[str, str],
-                    at: float, range_s: int) -> dict[str, list[dict[str, Any]]]:
-    results = {}
-    for q in queries(dashboard):
-        if q.is_variable:
-            continue
-        expr = substitute(q.expr, values, RATE_INTERVAL, f"{range_s}s")
-        if q.instant:
-            data = api(prom, "/api/v1/query", query=expr, time=f"{at:.3f}")
-        else:
-            data = api(prom, "/api/v1/query_range", query=expr, start=f"{at - 20:.3f}", end=f"{at:.3f}", step="2")
-        results[q.where] = data["result"]
-    return results
 
 
 def test_every_dashboard_query_returns_data(tmp_path: Path, pod_cgroup: Path) -> None:

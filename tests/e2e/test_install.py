@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from testkit.exporter import ROOT
+from testkit.exporter import ROOT, parse_folded
 from testkit.workloads import Workload
-from tests.e2e.test_cli_record import parse_folded
 
 pytestmark = pytest.mark.kernel
 

@@ -26,12 +26,11 @@ import pytest
 import yaml
 
 from testkit.exporter import ExporterProcess
-from testkit.grafana_dashboard import load
+from testkit.grafana_dashboard import cgroup2_root, evaluate_panels, load, resolve_variables
+from testkit.helm_chart import NAMESPACE, one, render
 from testkit.kubernetes_api import FakeApi, pod
+from testkit.prometheus_server import PrometheusServer
 from testkit.workloads import Workload
-from tests.e2e.prometheus_server import PrometheusServer
-from tests.e2e.test_dashboard_queries import _cgroup2_root, evaluate_panels, resolve_variables
-from tests.helm.test_chart import NAMESPACE, one, render
 
 pytestmark = pytest.mark.kernel
 
@@ -45,7 +44,7 @@ IDENTITY = ("namespace", "pod", "container")
 def pod_cgroup() -> Iterator[tuple[str, str, Path]]:
     """A kubelet-shaped cgroup (systemd driver, containerd): (pod uid, container id, its directory)."""
     uid, container_id = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
-    root = _cgroup2_root()
+    root = cgroup2_root()
     top = root / f"kubepods-oplabels-{uuid.uuid4().hex[:8]}.slice"
     group = top / f"kubepods-pod{uid.replace('-', '_')}.slice" / f"cri-containerd-{container_id}.scope"
     group.mkdir(parents=True)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from testkit.exporter import ExporterProcess
+from testkit.prometheus_server import SCRAPE_INTERVAL_S, PrometheusServer, scrape_config
 from testkit.workloads import Workload
-from tests.e2e.prometheus_server import SCRAPE_INTERVAL_S, PrometheusServer, scrape_config
 from tests.reliability.metrics import label_sets
 from tests.reliability.metrics import total as metric_total
 

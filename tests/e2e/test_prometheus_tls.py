@@ -16,9 +16,9 @@ from offcpu_exporter.sinks.prometheus.sink import PrometheusSink
 from offcpu_exporter.web import Routes
 from offcpu_exporter.web.options import WebOptions
 from offcpu_exporter.web.server import WebServer
+from testkit.prometheus_server import PrometheusServer, scrape_config
 from testkit.snapshots import Builder, many_stacks, process
 from testkit.tls import self_signed
-from tests.e2e.prometheus_server import PrometheusServer, scrape_config
 
 PASSWORD = "correct horse"
 

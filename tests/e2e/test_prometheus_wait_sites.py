@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from testkit.exporter import ExporterProcess
+from testkit.prometheus_server import SCRAPE_INTERVAL_S, PrometheusServer, scrape_config
 from testkit.workloads import Workload, build
-from tests.e2e.prometheus_server import SCRAPE_INTERVAL_S, PrometheusServer, scrape_config
 
 pytestmark = pytest.mark.kernel
 

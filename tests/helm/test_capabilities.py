@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from offcpu_exporter import privileges
-from tests.helm.test_chart import container, render
+from testkit.helm_chart import container, render
 
 ROOT = Path(__file__).resolve().parents[2]
 

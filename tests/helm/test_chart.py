@@ -9,7 +9,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,9 @@ import pytest
 import yaml
 
 from offcpu_exporter import cli
+from testkit.helm_chart import CHART, NAMESPACE, ROOT, by_kind, container, one, render
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "offcpu-exporter"
 KUBE_VERSIONS = ("1.28.0", kubernetes_validate.latest_version())
-NAMESPACE = "monitoring"
 
 ALL_ON: dict[str, Any] = {
     "targets": {"all": False, "pids": [1], "comm": "^(nginx|postgres)$", "cmdline": "java .*Main",
@@ -57,31 +55,6 @@ PRIVILEGED: dict[str, Any] = {"securityContext": {"privileged": True}}
 EXISTING_WEB_CONFIG: dict[str, Any] = {"web": {"existingConfigSecret": "my-web-config"},
                                        "kubernetesMetadata": {"enabled": False}}
 VALUE_SETS = {"defaults": {}, "all-on": ALL_ON, "privileged": PRIVILEGED, "existing-web-config": EXISTING_WEB_CONFIG}
-
-
-def render(values: Mapping[str, Any]) -> list[dict[str, Any]]:
-    chart = helm.Chart.load(CHART)
-    rendered = chart.render(dict(values), name="oe", namespace=NAMESPACE, is_install=True)
-    docs: list[dict[str, Any]] = []
-    for path, text in sorted(rendered.items()):
-        if path.endswith("NOTES.txt"):
-            continue
-        docs.extend(d for d in yaml.safe_load_all(text) if d)
-    return docs
-
-
-def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind]
-
-
-def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = by_kind(docs, kind)
-    assert len(found) == 1, f"{len(found)} {kind}"
-    return found[0]
-
-
-def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    return one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
 
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helm.test_chart import by_kind, one, render
+from testkit.helm_chart import by_kind, one, render
 
 ON: dict[str, Any] = {"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}}
 INSTANCE = {"instance": "node1:9961", "job": "offcpu-exporter"}
