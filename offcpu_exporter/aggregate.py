@@ -29,9 +29,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
+from offcpu_exporter.clock import ktime_ns, wall_ns_at
 from offcpu_exporter.in_progress import Credit, InProgress
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import CounterKey, CounterValue, StartEntry, ktime_ns
+from offcpu_exporter.probe.loader import CounterKey, CounterValue, StartEntry
 from offcpu_exporter.probe.maps import KernelMaps
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.rollup import Rollups
@@ -276,13 +277,13 @@ class Aggregator:
         increases, self._carried = self._carried, {}
         for _ in range(_MAX_PASSES):
             self._naming_ns = 0
-            now_k, now_wall = ktime_ns(), time.time_ns()
+            now_k = ktime_ns()
             at = now_k if until_ns is None else min(until_ns, now_k)
             if self.probe.cutoff_ns:
                 at = min(at, self.probe.cutoff_ns)  # past the window's end nothing counts
             if window_end:
                 self.probe.set_cutoff(at)
-            at_wall = now_wall - (now_k - at)
+            at_wall = wall_ns_at(at)  # a window's wall duration is the kernel time it counts
             in_map, blocked = self._count(at, increases)
             # A pass that names many new stacks (a large binary's symbols read for the first time)
             # takes seconds: its figures are as of its start. Published that late, they would be

@@ -423,7 +423,8 @@ def cmd_record(options: argparse.Namespace) -> int:
 
 
 def _record(options: argparse.Namespace, output: BinaryIO) -> int:
-    from offcpu_exporter.probe.loader import ProbeError, ktime_ns
+    from offcpu_exporter.clock import ktime_ns
+    from offcpu_exporter.probe.loader import ProbeError
     from offcpu_exporter.record import Progress, RecordSink, write_profile
 
     stop = _stop_on_signals()

@@ -32,7 +32,8 @@ from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
 from offcpu_exporter.blocked_stacks import BlockedStacks, KernelAddress
-from offcpu_exporter.probe.loader import StartEntry, ktime_ns
+from offcpu_exporter.clock import ktime_ns
+from offcpu_exporter.probe.loader import StartEntry
 from offcpu_exporter.probe.maps import KernelMaps
 from offcpu_exporter.snapshot import Reason
 

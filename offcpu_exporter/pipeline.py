@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 from offcpu_exporter import heap
 from offcpu_exporter.aggregate import Aggregator
+from offcpu_exporter.clock import ktime_ns
 from offcpu_exporter.cycles import CyclePacer
 from offcpu_exporter.history import History
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import ktime_ns
 from offcpu_exporter.probe.maps import KernelMaps
 from offcpu_exporter.ratelimit import RateLimitedLog
 from offcpu_exporter.sinks import Sink

@@ -10,12 +10,12 @@ import itertools
 import logging
 import os
 import struct
-import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
+from offcpu_exporter.clock import ktime_ns, wall_ns_at
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets, struct_member_offsets
 from offcpu_exporter.probe.compiler_memory import release_compiler_memory
@@ -182,11 +182,6 @@ def pid_max(path: str = "/proc/sys/kernel/pid_max") -> int:
         return _PID_MAX_LIMIT
 
 
-def ktime_ns() -> int:
-    """The clock of bpf_ktime_get_ns(): CLOCK_MONOTONIC."""
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
 class Probe:
     """The loaded BPF program. Not thread-safe: one owner (the pipeline) calls it."""
 
@@ -271,7 +266,8 @@ class Probe:
         else:
             self.hooked = ("sched:sched_switch",)
         # Counting begins now (tracepoint programs are attached when bcc loads them, kprobes just above).
-        self.attached_wall_ns, self.attached_ktime_ns = time.time_ns(), ktime_ns()
+        self.attached_ktime_ns = ktime_ns()
+        self.attached_wall_ns = wall_ns_at(self.attached_ktime_ns)
         if self.config.run_time_stats:
             self.enable_run_time_stats()
         log.info("probe attached: mode=%s (%s), hooked=%s", self.mode, self.why, ",".join(self.hooked))

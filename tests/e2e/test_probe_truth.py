@@ -18,9 +18,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from offcpu_exporter.clock import ktime_ns
 from offcpu_exporter.formats import Accumulator
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import Probe, ProbeConfig, StartEntry, ktime_ns
+from offcpu_exporter.probe.loader import Probe, ProbeConfig, StartEntry
 from offcpu_exporter.snapshot import ZERO, Counter, Reason, Snapshot
 from testkit.inprocess import ATTACH, FLUSH_TIMEOUT, running_pipeline
 from testkit.tolerances import EMULATED, TIME

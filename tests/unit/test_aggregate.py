@@ -5,6 +5,7 @@ sampled estimates split over stacks, blocks in progress, stacks freed."""
 from __future__ import annotations
 
 import errno
+import itertools
 import re
 import time
 from pathlib import Path
@@ -15,8 +16,9 @@ from hypothesis import strategies as st
 
 from offcpu_exporter import aggregate
 from offcpu_exporter.aggregate import AggregateConfig, Aggregator, apportion, increase
+from offcpu_exporter.clock import ktime_ns
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import CounterValue, StartEntry, ktime_ns
+from offcpu_exporter.probe.loader import CounterValue, StartEntry
 from offcpu_exporter.snapshot import ZERO, Counter, Frame, LostHalf, Reason, Rollup
 from offcpu_exporter.symbols import UNKNOWN
 from offcpu_exporter.targets import ProcessTable, TargetRules
@@ -568,6 +570,22 @@ def test_no_thread_is_credited_more_than_wall_time(proc: Path) -> None:
     snap = agg.flush()
     assert sum(s.total.ns for s in snap.samples) <= ktime_ns() - kernel.attached_ktime_ns
     assert snap.health.clamped_ns >= 3_900_000_000
+
+
+def test_a_window_is_as_long_as_the_kernel_time_it_credits_a_thread_blocked_throughout(proc: Path) -> None:
+    """Snapshots are dated in wall time, blocks timed by the kernel's clock: a thread blocked across
+    several flushes is credited, between two snapshots, exactly the wall time between them, to the
+    nanosecond (dating each snapshot by reading both clocks again made it 1 ns more, in CI)."""
+    kernel = _kernel(per_thread=True)
+    kernel.starts[42] = StartEntry(ktime_ns() - 1_000_000_000, U1, K1, 42, 1, 1)
+    agg = _aggregator(proc, kernel)
+    snapshots = []
+    for _ in range(20):
+        snapshots.append(agg.flush())
+        time.sleep(0.001)
+    for earlier, later in itertools.pairwise(snapshots):
+        credited = sum(s.total.ns for s in later.samples) - sum(s.total.ns for s in earlier.samples)
+        assert credited == later.time_ns - earlier.time_ns
 
 
 def test_the_truth_is_never_clamped(proc: Path) -> None:

@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 from offcpu_exporter.aggregate import Aggregator
+from offcpu_exporter.clock import ktime_ns
 from offcpu_exporter.pipeline import Pipeline
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import ktime_ns
 from offcpu_exporter.sinks import SinkStats
 from offcpu_exporter.snapshot import Counter, Snapshot
 from offcpu_exporter.targets import ProcessTable, TargetRules
