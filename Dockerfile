@@ -12,8 +12,10 @@ RUN apt-get update \
 
 WORKDIR /opt/offcpu-exporter
 COPY pyproject.toml constraints.txt README.md LICENSE NOTICE ./
-# The package carries its BPF C sources (offcpu_exporter/bpf/, compiled by bcc at start).
-COPY offcpu_exporter/ offcpu_exporter/
+# The Python source root and the BPF C sources (bpf/, compiled by bcc at start), which the install puts
+# inside the package (bpf/).
+COPY exporter/ exporter/
+COPY bpf/ bpf/
 
 # A virtualenv on the system interpreter that sees Debian's bcc module (pod names need no extra: the
 # exporter's own small API client). A plain (not editable) install: the source tree is removed after.

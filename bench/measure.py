@@ -22,8 +22,19 @@ WORKLOADS = Path(__file__).resolve().parent / "workloads"
 BUILD = Path(os.environ.get("OFFCPU_BENCH_BUILD", Path(tempfile.gettempdir()) / "offcpu-bench-build"))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+
+
+def python_path(tree: Path) -> str:
+    """The PYTHONPATH that runs `tree`'s exporter and testkit: its src layout's exporter/ and the tree
+    itself, or only the tree for a checkout from before the src layout (a "before" side of a
+    side-by-side run)."""
+    source = tree / "exporter"
+    return os.pathsep.join((str(source), str(tree))) if source.is_dir() else str(tree)
+
+
+for _entry in reversed(python_path(ROOT).split(os.pathsep)):
+    if _entry not in sys.path:
+        sys.path.insert(0, _entry)
 
 
 def build_c(source: Path, name: str | None = None, extra_flags: Sequence[str] = ()) -> Path:

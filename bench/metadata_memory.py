@@ -25,7 +25,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure import ROOT, Result, Row, Stopwatch, shared, status_kib, stop_exporter, summary, write_outputs
+from measure import (
+    ROOT,
+    Result,
+    Row,
+    Stopwatch,
+    python_path,
+    shared,
+    status_kib,
+    stop_exporter,
+    summary,
+    write_outputs,
+)
 
 from testkit.exporter import free_port
 from testkit.kubernetes_api import FakeApi, pod
@@ -68,7 +79,7 @@ def steady_rss(args: list[str], env: dict[str, str], duration: float, warmup: fl
 
 def measure(pods: int = 110, duration: float = 30.0, warmup: float = 15.0, rounds: int = 1) -> Result:
     clock = Stopwatch()
-    base = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    base = {**os.environ, "PYTHONPATH": python_path(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
     for name in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "NODE_NAME"):
         base.pop(name, None)
     runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}

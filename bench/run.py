@@ -32,13 +32,13 @@ import sched_overhead
 import stack_cost
 import steady_state
 import unwind_cost
-from measure import ROOT, Result, Row, Stopwatch, shared, write_outputs
+from measure import ROOT, Result, Row, Stopwatch, python_path, shared, write_outputs
 
 HERE = Path(__file__).resolve().parent
 
 
 def _env(tree: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    return {**os.environ, "PYTHONPATH": python_path(tree), "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def _find(name: str, peers: Path) -> tuple[Path, Path] | None:

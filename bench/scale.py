@@ -65,6 +65,7 @@ from measure import (
     Stopwatch,
     build_c,
     cpu_seconds,
+    python_path,
     shared,
     status_kib,
     stop_exporter,
@@ -266,7 +267,7 @@ def one_size(binary: Path, count: int, rate: float, duration: float, warmup: flo
         port = free_port()
         exporter = subprocess.Popen([sys.executable, "-m", "offcpu_exporter", "serve", "--web.listen-address",
                                      f"127.0.0.1:{port}", "--log.level", "warning"], cwd=ROOT,
-                                    env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
+                                    env={**os.environ, "PYTHONPATH": python_path(ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
                                     stdout=log, stderr=subprocess.STDOUT)
         started = time.monotonic()
         time.sleep(warmup)

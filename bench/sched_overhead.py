@@ -61,7 +61,7 @@ LABELS = {
     "perf-cs": "(e') perf record -e context-switches -c 1 -g -p PID",
 }
 
-# The same work as offcpu_exporter/bpf/offcpu.bpf.c in tracepoint mode: stacks captured at switch-out, time and
+# The same work as bpf/offcpu.bpf.c in tracepoint mode: stacks captured at switch-out, time and
 # count per (user stack, kernel stack) charged at switch-in, only for the workload's tgid.
 BPFTRACE_SCRIPT = r"""
 tracepoint:sched:sched_switch
@@ -264,7 +264,7 @@ def run_once(binary: Path, cpu: int, round_trips: int, depth: int, attach: Attac
 def valid(run: dict[str, Any]) -> bool:
     """A tool that records the switches must have seen (nearly) all of them. perf's
     sched:sched_switch events are dropped while any BPF program on that tracepoint returns 0 (see
-    OFFCPU_KEEP_EVENT in offcpu_exporter/bpf/offcpu.bpf.c; on a shared machine, other jobs' probes), and such a
+    OFFCPU_KEEP_EVENT in bpf/offcpu.bpf.c; on a shared machine, other jobs' probes), and such a
     run would read as no overhead."""
     if "counted_switches" not in run or run.get("bpf_runs") is not None:
         return True

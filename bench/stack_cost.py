@@ -5,7 +5,7 @@ without either, and with the default stack sampling.
     PYTHONPATH=. .venv/bin/python bench/stack_cost.py [--runs 2] [--round-trips 50000]
 
 A diagnostic for bench/sched_overhead.py: the same pinned ping-pong workload, the probe compiled
-from offcpu_exporter/bpf/offcpu.bpf.c with the stack captures replaced by a lost stack (-EFAULT) in the
+from bpf/offcpu.bpf.c with the stack captures replaced by a lost stack (-EFAULT) in the
 variants, in the attach mode `auto` picks. Run time per invocation comes from the kernel's BPF
 statistics (kernel.bpf_stats_enabled), CPU time per switch from the workload.
 """

@@ -34,7 +34,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flush_cost import generate_source
-from measure import ROOT, Result, Row, Stopwatch, build_c, cpu_seconds, shared, status_kib, stop_exporter, write_outputs
+from measure import (
+    ROOT,
+    Result,
+    Row,
+    Stopwatch,
+    build_c,
+    cpu_seconds,
+    python_path,
+    shared,
+    status_kib,
+    stop_exporter,
+    write_outputs,
+)
 
 SCRAPE_INTERVAL = 15.0
 
@@ -77,7 +89,7 @@ def measure(duration: float, warmup: float, rate: float, stacks: int, otlp: bool
     workload = subprocess.Popen([str(binary), str(rate / 2), "pin"], stdout=subprocess.PIPE, text=True)
     assert workload.stdout is not None
     workload.stdout.readline()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": python_path(ROOT)}
     port = free_port()
     if serve:
         args = ["serve", "--web.listen-address", f"127.0.0.1:{port}"]  # the default: every process

@@ -1,4 +1,4 @@
-"""What the DWARF unwinder (offcpu_exporter/bpf/unwind.h) costs, beside bpf_get_stack() with frame
+"""What the DWARF unwinder (bpf/unwind.h) costs, beside bpf_get_stack() with frame
 pointers, in one run:
 
 - ns per captured user stack: both are called on the same switch-outs by the test harness

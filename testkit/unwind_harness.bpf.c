@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
-/* Test harness for offcpu_exporter/bpf/unwind.h: for the threads of the processes in `targets`,
+/* Test harness for bpf/unwind.h: for the threads of the processes in `targets`,
  * captures the user stack with unwind_user_stack() and with bpf_get_stack() (frame pointers) where
  * the probe will (HARNESS_RAW_TRACEPOINT / HARNESS_TRACEPOINT: sched_switch at switch-out;
  * HARNESS_KPROBE: finish_task_switch at switch-in), times both, and sends one event per block to

@@ -1,4 +1,4 @@
-"""Loads testkit/unwind_harness.bpf.c (offcpu_exporter/bpf/unwind.h behind the probe's hooks) and
+"""Loads testkit/unwind_harness.bpf.c (bpf/unwind.h behind the probe's hooks) and
 hands back the captured user stacks: by the unwinder and by bpf_get_stack (frame pointers), with
 the time each took and how long the thread then stayed off CPU.
 

@@ -19,14 +19,10 @@ from pathlib import Path
 import pytest
 
 from testkit.exporter import ROOT, parse_folded
+from testkit.source_tree import copy_of_the_project
 from testkit.workloads import Workload
 
 pytestmark = pytest.mark.kernel
-
-# What a user's copy of the project does not have (or what would hide a missing package-data entry).
-_NOT_SHIPPED = shutil.ignore_patterns(".git", ".venv", "__pycache__", "build", "dist", "*.egg-info", "artifacts",
-                                      "node_modules", "tests", "bench")
-
 
 def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
@@ -38,8 +34,7 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The `offcpu-exporter` script of a fresh virtualenv holding a plain install of this checkout."""
     work = tmp_path_factory.mktemp("install")
-    source = work / "src"
-    shutil.copytree(ROOT, source, ignore=_NOT_SHIPPED, symlinks=True)
+    source = copy_of_the_project(work / "src")
     venv = work / "venv"
     _run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", str(venv)], work, 120)
     _run([str(venv / "bin" / "pip"), "wheel", "--no-deps", "-w", str(work / "dist"), str(source)], work, 300)
@@ -53,8 +48,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_the_wheel_is_self_contained(installed: Path) -> None:
     wheel = next((installed.parents[2] / "dist").glob("offcpu_exporter-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"offcpu_exporter/bpf/offcpu.bpf.c", "offcpu_exporter/bpf/offcpu.h", "offcpu_exporter/py.typed",
-            "offcpu_exporter/formats/flamegraph.js"} <= set(names)
+    # The kernel programs, from the top-level bpf/, inside the package.
+    kernel_programs = {f"offcpu_exporter/bpf/{name}"
+                       for name in ("offcpu.bpf.c", "offcpu.h", "unwind.h", "unwind_table.h")}
+    assert kernel_programs | {"offcpu_exporter/py.typed", "offcpu_exporter/formats/flamegraph.js"} <= set(names)
     # One top-level package, and no stray `exporter`, `bpf` or `tests` beside it.
     tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert tops == {"offcpu_exporter"}, tops

@@ -244,7 +244,7 @@ def test_dockerfile_builds_what_the_chart_runs() -> None:
     # No extra for pod names: the exporter's own API client (offcpu_exporter/k8s/apiserver.py).
     assert "python3-bpfcc" in run and "--system-site-packages" in run and "[k8s]" not in run
     copied = {rest.split()[0].rstrip("/") for word, rest in steps if word == "COPY"}
-    assert {"offcpu_exporter", "pyproject.toml"} <= copied
+    assert {"exporter", "bpf", "pyproject.toml"} <= copied
     # A plain install (not -e), with the tested versions of every runtime dependency.
     assert re.search(r"pip install --no-cache-dir -c constraints\.txt '?/opt/offcpu-exporter\b", run), run
     assert "constraints.txt" in next(rest for word, rest in steps if word == "COPY").split()

@@ -1,4 +1,4 @@
-"""Loads offcpu_exporter/bpf/offcpu.bpf.c with bcc in one attach mode and checks it against a known workload.
+"""Loads bpf/offcpu.bpf.c with bcc in one attach mode and checks it against a known workload.
 
 A child process sleeps N times for a fixed time and reports how long its sleeps took (measured
 around each clock_nanosleep with CLOCK_MONOTONIC, the clock bpf_ktime_get_ns reads). The check
@@ -30,7 +30,7 @@ from offcpu_exporter.probe.loader import ProbeConfig
 SOURCE = layout.BPF_DIR / layout.SOURCE
 # bcc offcputime's pattern: gcc may emit finish_task_switch as a .isra/.constprop clone.
 DEFAULT_SYMBOL_REGEX = r"^finish_task_switch(\.isra\.\d+|\.constprop\.\d+)*$"
-REASON_SLEEPING = 1  # OFFCPU_REASON_SLEEPING in offcpu_exporter/bpf/offcpu.h
+REASON_SLEEPING = 1  # OFFCPU_REASON_SLEEPING in bpf/offcpu.h
 
 CHILD = r"""
 import sys, time

@@ -88,7 +88,7 @@ def test_exporter_never_runs_programs() -> None:
     forbidden_calls = {"system", "popen", "execv", "execve", "execvp", "execl", "execlp", "execle", "execvpe",
                        "spawnv", "spawnve", "spawnl", "posix_spawn", "posix_spawnp", "fork", "forkpty"}
     found = []
-    for path in (ROOT / "offcpu_exporter").rglob("*.py"):
+    for path in (ROOT / "exporter" / "offcpu_exporter").rglob("*.py"):
         if "/proto/" in str(path) and path.name.endswith("_pb2_grpc.py"):
             continue
         tree = ast.parse(path.read_text(), str(path))
@@ -110,7 +110,7 @@ def test_exporter_never_runs_programs() -> None:
 def test_the_only_child_is_the_exporters_own_table_builder() -> None:
     """offcpu_exporter/unwind/build.py starts one kind of process: this interpreter running the
     exporter's own table builder, which parses (never runs) the file it is given."""
-    path = ROOT / "offcpu_exporter" / "unwind" / "build.py"
+    path = ROOT / "exporter" / "offcpu_exporter" / "unwind" / "build.py"
     tree = ast.parse(path.read_text(), str(path))
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
              and isinstance(node.func.value, ast.Name) and node.func.value.id == "subprocess"]

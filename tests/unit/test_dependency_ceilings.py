@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from testkit.source_tree import ROOT, copy_of_the_project
 
 CHECK = """
 import warnings
@@ -77,10 +77,14 @@ def test_the_package_works_with_the_newest_allowed_versions(tmp_path: Path) -> N
         [str(venv / "bin" / "pip"), "install", "--no-input", "--disable-pip-version-check", "--only-binary", ":all:",
          *runtime_requirements()], capture_output=True, text=True, timeout=240, env=env)
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
-    # The source tree on the path, not an install: the check is about the dependencies, and nothing is
-    # built (no bytecode written into the tree either).
+    # The package itself, built from a copy of the checkout (pip builds in the tree it is given).
+    package = subprocess.run([str(venv / "bin" / "pip"), "install", "--no-input", "--disable-pip-version-check",
+                              "--no-deps", str(copy_of_the_project(tmp_path / "src"))],
+                             capture_output=True, text=True, timeout=240, env=env)
+    assert package.returncode == 0, package.stdout[-2000:] + package.stderr[-2000:]
     result = subprocess.run([str(venv / "bin" / "python"), "-c", CHECK], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120,
+                            # testkit from the checkout (its synthetic snapshot); the package is the install.
                             env={**env, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"})
     print(result.stdout)
     assert result.returncode == 0 and "ceilings ok" in result.stdout, result.stdout + result.stderr

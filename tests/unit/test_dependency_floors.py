@@ -67,7 +67,7 @@ def test_gencode_works_with_the_floor_versions(tmp_path: Path) -> None:
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
     # Only the generated modules, under their package path (the package itself needs more than these).
     tree = tmp_path / "tree"
-    shutil.copytree(ROOT / GENCODE, tree / GENCODE, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "exporter" / GENCODE, tree / GENCODE, ignore=shutil.ignore_patterns("__pycache__"))
     for package in ("offcpu_exporter", "offcpu_exporter/formats"):
         (tree / package / "__init__.py").write_text("")
     result = subprocess.run([str(venv / "bin" / "python"), "-c", CHECK], cwd=tree, capture_output=True, text=True,

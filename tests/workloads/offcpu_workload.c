@@ -55,7 +55,7 @@ struct thread_result {
 	uint64_t oncpu_start_ns, oncpu_end_ns; /* /proc/self/task/TID/schedstat field 1 */
 	uint64_t runq_start_ns, runq_end_ns;   /* field 2: run-queue wait */
 	uint64_t slices_start, slices_end;     /* field 3: times switched in */
-	uint64_t hist[27];                     /* blocking calls per log2(us) slot, as offcpu_exporter/bpf/offcpu.h */
+	uint64_t hist[27];                     /* blocking calls per log2(us) slot, as bpf/offcpu.h */
 };
 static struct thread_result results[MAX_THREADS];
 

@@ -1,5 +1,5 @@
-"""The Python mirror of offcpu_exporter/bpf/unwind_table.h (struct layouts and constants) and the
-names of the maps offcpu_exporter/bpf/unwind.h declares.
+"""The Python mirror of bpf/unwind_table.h (struct layouts and constants) and the
+names of the maps bpf/unwind.h declares.
 
 tests/unit/unwind/test_layout.py compiles the header with the C compiler and checks every size,
 offset and constant against this module.

@@ -24,7 +24,7 @@
  * exact total of its thread and reason. The stack walks are ~90% of the cost of a block.
  *
  * User stacks: with frame pointers (bpf_get_stack), or, for processes user space has described
- * with DWARF CFI tables (OFFCPU_UNWIND, offcpu_exporter/bpf/unwind.h), walked from those tables:
+ * with DWARF CFI tables (OFFCPU_UNWIND, bpf/unwind.h), walked from those tables:
  * complete stacks through code built without frame pointers (most distributions' libraries).
  *
  * Set by the loader with -D: OFFCPU_ATTACH_*, OFFCPU_UNWIND, PER_THREAD, WATCH_ALL, FOLLOW_CHILDREN,

@@ -1,17 +1,16 @@
-"""Compiling offcpu_exporter/bpf/unwind.h into a bcc program: its text and its -D defines."""
+"""Compiling bpf/unwind.h into a bcc program: its text and its -D defines."""
 
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
+from offcpu_exporter.bpf import SOURCE_DIR as BPF_DIR
 from offcpu_exporter.unwind import layout
 
 __all__ = ["UnwindConfig", "bpf_text"]
 
-BPF_DIR = Path(__file__).resolve().parents[1] / "bpf"
 _INCLUDE = re.compile(r'^#include "unwind\.h"[ \t]*$', re.MULTILINE)
 
 

@@ -1,5 +1,5 @@
 """DWARF call frame information (``.eh_frame``, ``.debug_frame``) of one x86-64 ELF object, reduced
-to the compact rows of ``offcpu_exporter/bpf/unwind_table.h``.
+to the compact rows of ``bpf/unwind_table.h``.
 
 pyelftools parses the CIEs and FDEs and their instructions. The instructions are interpreted here
 rather than with pyelftools' ``get_decoded()``: that one stops at ``DW_CFA_GNU_args_size`` (glibc

@@ -7,9 +7,10 @@ against these ctypes structures.
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
-BPF_DIR = Path(__file__).resolve().parents[1] / "bpf"
+from offcpu_exporter.bpf import SOURCE_DIR
+
+BPF_DIR = SOURCE_DIR
 SOURCE = "offcpu.bpf.c"
 HEADER = "offcpu.h"
 

@@ -1,4 +1,4 @@
-"""The user-stack walk of offcpu_exporter/bpf/unwind.h, in user space, for a thread that is blocked
+"""The user-stack walk of bpf/unwind.h, in user space, for a thread that is blocked
 now: its stack is read through /proc/PID/mem instead of bpf_probe_read_user().
 
 Frame for frame the same rules as the BPF walk (CFA from rsp or rbp, the return address at CFA - 8,

@@ -47,7 +47,7 @@ STACK_LABELS = (
 OTHER = "other"
 ZERO = Counter()
 
-# `le` of slot i is 2^i microseconds (offcpu_exporter/bpf/offcpu.h: slot i counts [2^(i-1), 2^i) us, slot 0 < 1 us);
+# `le` of slot i is 2^i microseconds (bpf/offcpu.h: slot i counts [2^(i-1), 2^i) us, slot 0 < 1 us);
 # the last slot (from 2^25 us on) only reaches +Inf.
 _LE = tuple(floatToGoString(us / 1e6) for us in HISTOGRAM_BUCKETS_US)
 _SINK_STATS = ("sent", "dropped", "retried", "failed")
@@ -396,7 +396,7 @@ def _add_histogram(fam: HistogramMetricFamily, labels: list[str], slots: Sequenc
     running += sum(slots[len(_LE) :])
     buckets.append(("+Inf", running))
     # The sum is the off-CPU time of its processes: the histogram counts the same blocks
-    # (offcpu_exporter/bpf/offcpu.bpf.c, account()), so _sum/_count is the mean block duration.
+    # (bpf/offcpu.bpf.c, account()), so _sum/_count is the mean block duration.
     fam.add_metric(labels, buckets, total.seconds)
 
 

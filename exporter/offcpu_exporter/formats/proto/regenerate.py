@@ -1,6 +1,6 @@
 """Regenerates profile_pb2.py and profile_pb2.pyi from profile.proto (google/pprof's, verbatim).
 
-    python offcpu_exporter/formats/proto/regenerate.py [OUTPUT_DIR]
+    python exporter/offcpu_exporter/formats/proto/regenerate.py [OUTPUT_DIR]
 
 Run it with grpcio-tools 1.63.2 (protoc 26.1), as the SkyWalking modules are made
 (offcpu_exporter/formats/proto/skywalking/generate.py says why: that version is the package's
@@ -22,7 +22,7 @@ GENERATED = ("profile_pb2.py", "profile_pb2.pyi")
 def generate(output_dir: Path) -> list[Path]:
     from grpc_tools import protoc  # a test/development dependency only
 
-    # The proto path is the repository root so that the descriptor is registered as
+    # The proto path is the source root (exporter/) so that the descriptor is registered as
     # "offcpu_exporter/formats/proto/profile.proto": a bare "profile.proto" could collide in the
     # process-wide descriptor pool with another package's file of that common name.
     root = HERE.parents[2]

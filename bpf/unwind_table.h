@@ -1,4 +1,4 @@
-/* Layouts and constants of the user-stack unwind tables, shared by offcpu_exporter/bpf/unwind.h
+/* Layouts and constants of the user-stack unwind tables, shared by bpf/unwind.h
  * (the walk) and offcpu_exporter/unwind/layout.py (which writes the tables). Only fixed-width types;
  * tests/unit/test_unwind_layout.py compiles this header with the C compiler and checks every size,
  * offset and constant against the Python mirror.

@@ -35,7 +35,7 @@ __all__ = [
 
 
 class Reason(enum.IntEnum):
-    """Why a thread was off CPU, from the task state at switch-out (values shared with offcpu_exporter/bpf/offcpu.h)."""
+    """Why a thread was off CPU, from the task state at switch-out (values shared with bpf/offcpu.h)."""
 
     RUNNABLE = 0  # preempted: it wanted the CPU (run-queue wait)
     SLEEPING = 1  # TASK_INTERRUPTIBLE: sleeps, futex waits, poll/epoll, pipe/socket reads

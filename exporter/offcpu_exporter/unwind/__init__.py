@@ -1,5 +1,5 @@
 """User-stack unwinding for code built without frame pointers: DWARF CFI tables built in user space
-and walked by the BPF program (offcpu_exporter/bpf/unwind.h). See docs/unwinding.md.
+and walked by the BPF program (bpf/unwind.h). See docs/unwinding.md.
 
 - :mod:`.cfi`, :mod:`.table`, :mod:`.objects`: one ELF object's CFI -> a compact table;
 - :mod:`.cache`: tables by build id, in memory and on disk;

@@ -1,4 +1,4 @@
-"""Writing tables and process mappings into the maps that offcpu_exporter/bpf/unwind.h declares,
+"""Writing tables and process mappings into the maps that bpf/unwind.h declares,
 through a loaded bcc program (the probe's, or the test harness's)."""
 
 from __future__ import annotations
