@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from offcpu_exporter.aggregate import AggregateConfig, Aggregator
-from offcpu_exporter.aggregate import Symbolizer as SymbolizerProtocol
 from offcpu_exporter.pipeline import Pipeline
 from offcpu_exporter.probe.loader import Probe, ProbeConfig
 from offcpu_exporter.probe.maps import KernelMaps
 from offcpu_exporter.snapshot import ProcessInfo
+from offcpu_exporter.stack_names import Symbolizer as SymbolizerProtocol
 from offcpu_exporter.symbols import Symbolizer
 from offcpu_exporter.targets import ProcessTable, TargetRules
 
@@ -52,8 +52,7 @@ def build_core(config: CoreConfig, *, probe: KernelMaps | None = None,
     kernel: KernelMaps = probe if probe is not None else Probe(config.probe)
     processes = ProcessTable(config.rules, proc_root=proc_root, exclude=(own,), enrich=enrich)
     problems = processes.start()
-    aggregator = Aggregator(kernel, symbolizer or Symbolizer(), processes, config.aggregate)
-    aggregator.in_progress.proc_root = proc_root
+    aggregator = Aggregator(kernel, symbolizer or Symbolizer(), processes, config.aggregate, proc_root=proc_root)
     pipeline = Pipeline(kernel, aggregator, processes, flush_interval=config.flush_interval,
                         targets_interval=config.targets_interval, history_seconds=config.history_seconds,
                         exclude=(own,), unwind_tables=config.unwind_tables)

@@ -131,15 +131,6 @@ class InProgress:
                 yield int(name)
 
     @property
-    def proc_root(self) -> str:
-        return self._proc_root
-
-    @proc_root.setter
-    def proc_root(self, root: str) -> None:
-        self._proc_root = root
-        self.stacks.proc_root = root  # the stacks are read from the same /proc
-
-    @property
     def seeded_stacks(self) -> Mapping[str, int]:
         """Seeded blocks by what their stacks are (blocked_stacks.OUTCOMES), cumulative."""
         return dict(self.stacks.outcomes)

@@ -197,6 +197,11 @@ class Pipeline:
             self._flushes_started += 1
             number = self._flushes_started
         snapshot = self.aggregator.flush(final=final, until_ns=self._final_until_ns if final else None)
+        truncated = self.aggregator.take_truncated()
+        if self.describer is not None and self.probe.config.watch_all and self.unwind_tables == "auto":
+            # Every process is watched: tables only for those whose stacks need them.
+            for pid in truncated:
+                self.describer.want(pid)
         heap.trim_if_grown()  # what the flush allocated for a moment (map reads, new symbols) goes back
         self._history.add(snapshot)  # first: who waits for this flush reads the history next
         with self._lock:
@@ -250,9 +255,6 @@ class Pipeline:
         if self.probe.unwinder is not None and self.describer is None:
             self.describer = Describer(self.probe.unwinder)
             self.describer.start()
-            if self.probe.config.watch_all and self.unwind_tables == "auto":
-                # Every process is watched: tables only for those whose stacks need them.
-                self.aggregator.on_truncated = self.describer.want
 
     def start(self) -> None:
         self._start_describer()

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from offcpu_exporter.aggregate import reaches_root
 from offcpu_exporter.formats import Profile, ProfileFilter
 from offcpu_exporter.probe.loader import ProbeConfig
 from offcpu_exporter.probe.stack_ids import stack_id
 from offcpu_exporter.snapshot import Frame, FrameKind
+from offcpu_exporter.stack_names import reaches_root
 from offcpu_exporter.unwind import TableCache, Unwinder
 from offcpu_exporter.unwind.objects import object_table
 from testkit.inprocess import ATTACH, FLUSH_TIMEOUT, running_pipeline

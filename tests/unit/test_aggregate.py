@@ -14,9 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from offcpu_exporter import aggregate
-from offcpu_exporter.aggregate import AggregateConfig, Aggregator, apportion, increase
+from offcpu_exporter import aggregate, stack_names
+from offcpu_exporter.aggregate import AggregateConfig, Aggregator
 from offcpu_exporter.clock import ktime_ns
+from offcpu_exporter.counters import increase
+from offcpu_exporter.groups import apportion
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.loader import CounterValue, StartEntry
 from offcpu_exporter.snapshot import ZERO, Counter, Frame, LostHalf, Reason, Rollup
@@ -262,7 +264,7 @@ def test_a_stack_with_an_unmapped_address_is_named_at_the_next_flush(proc: Path)
 
 def test_a_stack_that_stays_unmapped_is_named_again_only_when_the_process_changed(
         proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aggregate, "_RETRY_FIRST_SECONDS", 0.0)  # flushes back to back: every one re-reads
+    monkeypatch.setattr(stack_names, "_RETRY_FIRST_SECONDS", 0.0)  # flushes back to back: every one re-reads
     kernel, names, agg = _late_mapping_aggregator(proc)
     for n in range(1, 6):
         kernel.counts[KEY] = exact(n, n * 1_000)
@@ -277,7 +279,7 @@ def test_a_stack_that_stays_unmapped_is_named_again_only_when_the_process_change
 
 
 class _Clock:
-    """aggregate's `time`, with a monotonic clock the test moves."""
+    """stack_names' `time`, with a monotonic clock the test moves."""
 
     def __init__(self) -> None:
         self.now = 1_000.0
@@ -292,7 +294,7 @@ class _Clock:
 def test_an_unmapped_stack_makes_its_process_be_read_again_less_and_less_often(
         proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock()
-    monkeypatch.setattr(aggregate, "time", clock)
+    monkeypatch.setattr(stack_names, "time", clock)
     kernel, names, agg = _late_mapping_aggregator(proc)
     refreshed_at = []
     for n in range(1, 41):  # 20 s of flushes every 0.5 s
@@ -309,8 +311,8 @@ def test_an_unmapped_stack_makes_its_process_be_read_again_less_and_less_often(
 def test_processes_read_again_for_unmapped_stacks_are_few_per_flush(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock()
-    monkeypatch.setattr(aggregate, "time", clock)
-    pids = range(100, 100 + 3 * aggregate._RETRY_BUDGET)
+    monkeypatch.setattr(stack_names, "time", clock)
+    pids = range(100, 100 + 3 * stack_names._RETRY_BUDGET)
     for pid in pids:
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "stat").write_text(f"{pid} (app) S 1 " + " ".join(["0"] * 17) + " 777 0 0\n")
@@ -337,7 +339,7 @@ def test_processes_read_again_for_unmapped_stacks_are_few_per_flush(
         before = len(read)
         agg.flush()
         per_flush.append(read[before:])
-    assert [len(p) for p in per_flush] == [aggregate._RETRY_BUDGET] * 4
+    assert [len(p) for p in per_flush] == [stack_names._RETRY_BUDGET] * 4
     # The longest waiting first: every process is read again within three flushes, then the first
     # ones again (1 s after their first re-read).
     assert sorted(per_flush[0] + per_flush[1] + per_flush[2]) == list(pids)
@@ -345,7 +347,7 @@ def test_processes_read_again_for_unmapped_stacks_are_few_per_flush(
 
 
 def test_unmapped_stacks_are_given_up_on_after_the_window(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aggregate, "_UNRESOLVED_WINDOW_SECONDS", 0.0)
+    monkeypatch.setattr(stack_names, "_UNRESOLVED_WINDOW_SECONDS", 0.0)
     kernel, names, agg = _late_mapping_aggregator(proc)
     kernel.counts[KEY] = exact(1, 1_000)
     agg.flush()
@@ -477,7 +479,7 @@ def test_the_rollups_sum_every_process_counted_and_exits_do_not_lower_them(proc:
 
 
 def test_per_thread_totals_are_in_the_process_view(proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aggregate, "_thread_name", lambda tgid, tid: f"worker-{tid}")
+    monkeypatch.setattr(aggregate, "_thread_name", lambda proc_root, tgid, tid: f"worker-{tid}")
     kernel = _kernel(per_thread=True)
     agg = _aggregator(proc, kernel)
     kernel.counts[key(42, U1, K1, Reason.SLEEPING.value, tid=100)] = exact(3, 3_000)
@@ -514,15 +516,14 @@ def test_user_stacks_are_named_by_call_site_and_short_ones_are_reported(proc: Pa
     table = ProcessTable(TargetRules(pids=(42,)), proc_root=str(proc))
     table.start()
     agg = Aggregator(kernel, names, table)  # type: ignore[arg-type]
-    short: list[int] = []
-    agg.on_truncated = short.append
     kernel.counts[KEY] = exact(1, 100)  # U1: 0x10 (the leaf), 0x20 (a return address)
     agg.flush()
     assert names.seen == (0x10, 0x1F)  # the return address is looked up at its call instruction
-    assert short == []  # it ends in _start
+    assert agg.take_truncated() == set()  # it ends in _start
     kernel.counts[key(42, U2, K1)] = exact(1, 100)  # U2: one frame, stopped short
     agg.flush()
-    assert short == [42]
+    assert agg.take_truncated() == {42}
+    assert agg.take_truncated() == set()  # taken once
 
 
 def test_a_freed_stack_stays_named_while_a_long_block_references_it(proc: Path) -> None:

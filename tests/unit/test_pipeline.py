@@ -56,8 +56,7 @@ class Broken(Recorder):
 
 def _pipeline(root: Path, kernel: MemoryMaps) -> Pipeline:
     table = ProcessTable(TargetRules(comm=re.compile("^app$")), proc_root=str(root))
-    aggregator = Aggregator(kernel, Names(), table)  # type: ignore[arg-type]
-    aggregator.in_progress.proc_root = str(root)
+    aggregator = Aggregator(kernel, Names(), table, proc_root=str(root))  # type: ignore[arg-type]
     return Pipeline(kernel, aggregator, table, flush_interval=3600, targets_interval=3600)
 
 

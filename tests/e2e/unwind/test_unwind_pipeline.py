@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from offcpu_exporter.aggregate import reaches_root
 from offcpu_exporter.formats import Profile, ProfileFilter
 from offcpu_exporter.snapshot import Frame
+from offcpu_exporter.stack_names import reaches_root
 from testkit.inprocess import FLUSH_TIMEOUT, running_pipeline
 from testkit.workloads import build
 from tests.e2e.unwind.test_unwind_kernel import OMIT_FP, TARGET, gdb_backtraces, start

@@ -68,6 +68,106 @@ def _text(value: str) -> str:
     return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+# The exporter's own series, the same for every collector: (type, name, help, labels).
+_SELF_FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("gauge", "offcpu_exporter_probe_attached",
+     "1 when the BPF probe is attached.",
+     ("mode",)),
+    ("counter", "offcpu_exporter_lost_stacks",
+     "Switches whose user or kernel stack could not be captured.",
+     ("half", "reason")),
+    ("gauge", "offcpu_exporter_map_entries",
+     "Entries in a BPF map now.",
+     ("map",)),
+    ("gauge", "offcpu_exporter_map_capacity",
+     "Maximum entries of a BPF map.",
+     ("map",)),
+    ("counter", "offcpu_exporter_map_dropped",
+     "Updates a BPF map refused because it was full.",
+     ("map",)),
+    ("counter", "offcpu_exporter_dropped_seconds",
+     "Off-CPU time measured but not stored (counter map full).",
+     ()),
+    ("counter", "offcpu_exporter_clamped_seconds",
+     "Off-CPU time not credited because a thread would have had more than wall time (a bug: the log "
+     "says which thread).",
+     ()),
+    ("counter", "offcpu_exporter_filtered_blocks",
+     "Blocks left out by --min-block/--max-block.",
+     ()),
+    ("counter", "offcpu_exporter_filtered_seconds",
+     "Off-CPU time of the blocks left out by --min-block/--max-block.",
+     ()),
+    ("counter", "offcpu_exporter_blocks",
+     "Blocks (off-CPU periods) the probe counted.",
+     ()),
+    ("counter", "offcpu_exporter_missed_switch_ins",
+     "Blocks ended by a switch-in the kernel did not report (counted up to when the thread was picked).",
+     ()),
+    ("counter", "offcpu_exporter_stack_captures",
+     "Blocks whose stacks the probe captured.",
+     ()),
+    ("counter", "offcpu_exporter_seeded_stacks",
+     "Blocks already going on when their thread became watched, by how their stacks were read from "
+     "/proc: captured (complete), truncated (user stack stops short), placeholder (none).",
+     ("result",)),
+    ("gauge", "offcpu_exporter_stack_sampling_ratio",
+     "Blocks whose stacks were captured / blocks, over the last flush interval (1 without sampling); "
+     "per-stack figures are estimates scaled to the exact per-thread totals.",
+     ()),
+    ("counter", "offcpu_exporter_probe_cpu_seconds",
+     "CPU time spent in the probe's BPF programs (0 while the kernel does not time them: "
+     "kernel.bpf_stats_enabled).",
+     ()),
+    ("counter", "offcpu_exporter_probe_runs",
+     "Runs of the probe's BPF programs (counted when timed, as above).",
+     ()),
+    ("counter", "offcpu_exporter_unwind_walks",
+     "User stacks walked from DWARF CFI tables, by how the walk ended (root: complete).",
+     ("end",)),
+    ("counter", "offcpu_exporter_unwind_frames",
+     "Frames of those walks, by how each was stepped (cfi, frame_pointer, unsupported_cfi, signal).",
+     ("method",)),
+    ("gauge", "offcpu_exporter_unwind_processes",
+     "Processes with DWARF unwind tables now.",
+     ()),
+    ("counter", "offcpu_exporter_unwind_tables_no_space",
+     "Unwind tables that did not fit in the BPF maps.",
+     ()),
+    ("counter", "offcpu_exporter_symbolization_failures",
+     "Frames that could not be symbolized.",
+     ()),
+    ("gauge", "offcpu_exporter_last_flush_duration_seconds",
+     "Duration of the flush that made the last snapshot.",
+     ()),
+    ("gauge", "offcpu_exporter_last_flush_timestamp_seconds",
+     "Time (Unix seconds) up to which the current figures count: the counters are as of then.",
+     ()),
+    ("counter", "offcpu_exporter_flushes",
+     "Flushes (snapshots) since start.",
+     ()),
+    ("gauge", "offcpu_exporter_targets",
+     "Processes watched now.",
+     ()),
+    ("counter", "offcpu_exporter_sink_sent",
+     "Items a sink delivered.",
+     ("sink",)),
+    ("counter", "offcpu_exporter_sink_dropped",
+     "Items a sink dropped (queue full, gave up).",
+     ("sink",)),
+    ("counter", "offcpu_exporter_sink_retried",
+     "Delivery attempts a sink retried.",
+     ("sink",)),
+    ("counter", "offcpu_exporter_sink_failed",
+     "Delivery attempts of a sink that failed.",
+     ("sink",)),
+    ("counter", "offcpu_exporter_cardinality_overflow",
+     'Items folded into an "other" series by a cardinality limit (processes: --prometheus.max-'
+     "processes, stacks: --prometheus.top-stacks).",
+     ("what",)),
+)
+
+
 class OffCPUCollector:
     def __init__(
         self,
@@ -131,86 +231,9 @@ class OffCPUCollector:
                 "How long the thread off CPU the longest has been so, by reason (0: none now).",
                 labels=PROCESS_LABELS,
             ),
-            g("offcpu_exporter_probe_attached", "1 when the BPF probe is attached.", labels=("mode",)),
-            c(
-                "offcpu_exporter_lost_stacks",
-                "Switches whose user or kernel stack could not be captured.",
-                labels=("half", "reason"),
-            ),
-            g("offcpu_exporter_map_entries", "Entries in a BPF map now.", labels=("map",)),
-            g("offcpu_exporter_map_capacity", "Maximum entries of a BPF map.", labels=("map",)),
-            c(
-                "offcpu_exporter_map_dropped",
-                "Updates a BPF map refused because it was full.",
-                labels=("map",),
-            ),
-            c("offcpu_exporter_dropped_seconds", "Off-CPU time measured but not stored (counter map full)."),
-            c(
-                "offcpu_exporter_clamped_seconds",
-                "Off-CPU time not credited because a thread would have had more than wall time (a bug: the "
-                "log says which thread).",
-            ),
-            c("offcpu_exporter_filtered_blocks", "Blocks left out by --min-block/--max-block."),
-            c("offcpu_exporter_filtered_seconds", "Off-CPU time of the blocks left out by --min-block/--max-block."),
-            c("offcpu_exporter_blocks", "Blocks (off-CPU periods) the probe counted."),
-            c(
-                "offcpu_exporter_missed_switch_ins",
-                "Blocks ended by a switch-in the kernel did not report (counted up to when the thread was picked).",
-            ),
-            c("offcpu_exporter_stack_captures", "Blocks whose stacks the probe captured."),
-            c(
-                "offcpu_exporter_seeded_stacks",
-                "Blocks already going on when their thread became watched, by how their stacks were read from "
-                "/proc: captured (complete), truncated (user stack stops short), placeholder (none).",
-                labels=("result",),
-            ),
-            g(
-                "offcpu_exporter_stack_sampling_ratio",
-                "Blocks whose stacks were captured / blocks, over the last flush interval (1 without sampling); "
-                "per-stack figures are estimates scaled to the exact per-thread totals.",
-            ),
-            c(
-                "offcpu_exporter_probe_cpu_seconds",
-                "CPU time spent in the probe's BPF programs (0 while the kernel does not time them: "
-                "kernel.bpf_stats_enabled).",
-            ),
-            c("offcpu_exporter_probe_runs", "Runs of the probe's BPF programs (counted when timed, as above)."),
-            c(
-                "offcpu_exporter_unwind_walks",
-                "User stacks walked from DWARF CFI tables, by how the walk ended (root: complete).",
-                labels=("end",),
-            ),
-            c(
-                "offcpu_exporter_unwind_frames",
-                "Frames of those walks, by how each was stepped (cfi, frame_pointer, unsupported_cfi, signal).",
-                labels=("method",),
-            ),
-            g("offcpu_exporter_unwind_processes", "Processes with DWARF unwind tables now."),
-            c("offcpu_exporter_unwind_tables_no_space", "Unwind tables that did not fit in the BPF maps."),
-            c("offcpu_exporter_symbolization_failures", "Frames that could not be symbolized."),
-            g(
-                "offcpu_exporter_last_flush_duration_seconds",
-                "Duration of the flush that made the last snapshot.",
-            ),
-            g(
-                "offcpu_exporter_last_flush_timestamp_seconds",
-                "Time (Unix seconds) up to which the current figures count: the counters are as of then.",
-            ),
-            c("offcpu_exporter_flushes", "Flushes (snapshots) since start."),
-            g("offcpu_exporter_targets", "Processes watched now."),
-            c("offcpu_exporter_sink_sent", "Items a sink delivered.", labels=("sink",)),
-            c(
-                "offcpu_exporter_sink_dropped",
-                "Items a sink dropped (queue full, gave up).",
-                labels=("sink",),
-            ),
-            c("offcpu_exporter_sink_retried", "Delivery attempts a sink retried.", labels=("sink",)),
-            c("offcpu_exporter_sink_failed", "Delivery attempts of a sink that failed.", labels=("sink",)),
-            c(
-                "offcpu_exporter_cardinality_overflow",
-                'Items folded into an "other" series by a cardinality '
-                "limit (processes: --prometheus.max-processes, stacks: --prometheus.top-stacks).",
-                labels=("what",),
+            *(
+                (c if kind == "counter" else g)(name, doc, labels=labels)
+                for kind, name, doc, labels in _SELF_FAMILIES
             ),
         ]
         hist = HistogramMetricFamily(

@@ -1,0 +1,67 @@
+"""Block-duration histograms per process: the kernel's cumulative slots per tgid as increases,
+summed per process identity (a pid may be reused) and into the rollups."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+
+from offcpu_exporter.probe import layout
+from offcpu_exporter.probe.maps import KernelMaps
+from offcpu_exporter.rollup import Rollups
+from offcpu_exporter.snapshot import ProcessInfo, ProcessKey
+from offcpu_exporter.targets import ProcessTable
+
+__all__ = ["Histograms"]
+
+
+class Histograms:
+    def __init__(self, probe: KernelMaps, processes: ProcessTable, rollups: Rollups) -> None:
+        self.probe = probe
+        self.processes = processes
+        self.rollups = rollups
+        self._totals: dict[ProcessKey, list[int]] = {}  # cumulative block counts per duration slot
+        self._read: dict[int, list[int]] = {}  # tgid -> the kernel's slots at the last read
+
+    def get(self, pkey: ProcessKey) -> list[int] | None:
+        return self._totals.get(pkey)
+
+    def add(self, info: ProcessInfo, tgid: int, slots: list[int]) -> None:
+        """`slots`, the kernel's cumulative figures of `tgid`, whose increase is `info`'s."""
+        last = self._read.get(tgid)
+        self._read[tgid] = slots
+        if last is None:
+            inc = slots
+        elif slots == last:
+            return
+        else:
+            # In C (map, min): every process's histogram is read at every flush.
+            inc = list(map(operator.sub, slots, last))
+            if min(inc) < 0:
+                inc = slots  # deleted and re-created since
+        if any(inc):
+            total = self._totals.setdefault(info.key, [0] * layout.HIST_SLOTS)
+            total[:] = map(operator.add, total, inc)
+            self.rollups.add_blocks(info.where, inc)
+
+    def read(self) -> int:
+        """Reads every process's slots; returns how many entries the kernel's map holds (what
+        map_sizes() would otherwise count with a system call per entry)."""
+        hist = self.probe.read_hist()
+        for tgid, slots in hist.items():
+            holder = self.processes.latest(tgid)
+            if holder is not None:
+                self.add(holder, tgid, slots)
+        return len(hist)
+
+    def take(self, tgid: int, owner: ProcessInfo | None) -> None:
+        """Takes `tgid`'s slots out of the kernel (its process is gone, or replaced by a new one
+        with its pid): what they hold since the last read is `owner`'s, if it is still shown."""
+        slots = self.probe.take_hist(tgid)
+        if owner is not None:
+            self.add(owner, tgid, slots)
+        self._read.pop(tgid, None)
+
+    def forget(self, keys: Iterable[ProcessKey]) -> None:
+        for key in keys:
+            self._totals.pop(key, None)
