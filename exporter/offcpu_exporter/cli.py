@@ -340,6 +340,7 @@ def cmd_serve(options: argparse.Namespace) -> int:
     from offcpu_exporter.sinks.prometheus.sink import PrometheusSink
     from offcpu_exporter.web import Routes
     from offcpu_exporter.web.metrics import WebCollector
+    from offcpu_exporter.web.options import WebOptions
     from offcpu_exporter.web.server import WebServer
 
     stop = _stop_on_signals()
@@ -371,7 +372,7 @@ def cmd_serve(options: argparse.Namespace) -> int:
         return 2
     pipeline.sinks = context.sinks
     try:
-        server = WebServer(routes, options, ready=lambda: probe.attached)
+        server = WebServer(routes, WebOptions.from_args(options), ready=lambda: probe.attached)
         server.start()
     except (OSError, ValueError) as e:
         log.error("cannot serve HTTP: %s", e)
