@@ -312,7 +312,7 @@ def _kubernetes(options: argparse.Namespace):  # type: ignore[no-untyped-def]
     else:
         metadata = PodMetadata.from_environment(service_account_dir=options.kubernetes_service_account_dir,
                                                 watch_seconds=options.kubernetes_refresh_interval)
-    selector = WorkloadSelector.from_options(options, metadata)
+    selector = WorkloadSelector.from_args(options, metadata)
     if selector.needs_api and not metadata.enabled:
         raise StartupError("--namespace, --pod-label and --container NAME need the Kubernetes API (a pod with "
                            "a service account; see the log); --container also takes a container id")
