@@ -222,12 +222,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             parser.error("--all watches everything: do not combine it with --pid/--comm/--cmdline")
         if options.all and _extra_selectors(options):
             parser.error("--all watches everything: do not combine it with --namespace/--pod-label/--container")
-        has_target = options.all or options.pid or options.comm or options.cmdline
-        if not has_target and not _extra_selectors(options):
-            if options.command == "record":
-                parser.error("say what to record: --pid, --comm, --cmdline or --all")
-            options.all = True  # serve's default: every process
+        if options.command == "record" and not (options.all or _selects(options)):
+            parser.error("say what to record: --pid, --comm, --cmdline or --all")
     return options
+
+
+def _watches_all(options: argparse.Namespace) -> bool:
+    """--all, or serve given no target: its default is every process (parse_args refuses record
+    without one). The core config carries the result; the namespace stays as the user wrote it."""
+    return bool(options.all or not _selects(options))
+
+
+def _selects(options: argparse.Namespace) -> bool:
+    return bool(options.pid or options.comm or options.cmdline or _extra_selectors(options))
 
 
 def _extra_selectors(options: argparse.Namespace) -> bool:
@@ -254,10 +261,11 @@ def core_config(options: argparse.Namespace,
                 predicate: Callable[[ProcessInfo], bool] | None = None) -> CoreConfig:
     """The core's configuration from `serve`'s or `record`'s options (`predicate`: the Kubernetes
     selection)."""
+    watch_all = _watches_all(options)
     probe = ProbeConfig(
         attach=options.attach,
         per_thread=options.per_thread,
-        watch_all=options.all,
+        watch_all=watch_all,
         follow_children=options.follow_children,
         min_block_ns=options.min_block,
         max_block_ns=options.max_block,
@@ -272,7 +280,7 @@ def core_config(options: argparse.Namespace,
         unwind_cache_dir=options.unwind_cache_dir or None,
     )
     rules = TargetRules(pids=tuple(options.pid), comm=options.comm, cmdline=options.cmdline,
-                        watch_all=options.all, follow_children=options.follow_children, predicate=predicate)
+                        watch_all=watch_all, follow_children=options.follow_children, predicate=predicate)
     return CoreConfig(
         probe=probe, rules=rules,
         aggregate=replace(_CORE.aggregate, exited_grace_seconds=getattr(options, "exited_grace",
