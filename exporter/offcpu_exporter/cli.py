@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from offcpu_exporter import __version__, heap, logfmt
 from offcpu_exporter.config import (
@@ -62,7 +62,6 @@ itself have no prefix (--pid, --flush-interval). Booleans are turned off with --
 DEFAULT_UNWIND_CACHE = "/var/cache/offcpu-exporter/unwind"
 _CORE = CoreConfig()  # the core's defaults, which the options show
 _PROBE = _CORE.probe
-UNWIND_TABLES_WAIT = 120  # seconds record waits for its targets' unwind tables
 
 
 class StartupError(Exception):
@@ -258,9 +257,10 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
 
 
 def core_config(options: argparse.Namespace,
-                predicate: Callable[[ProcessInfo], bool] | None = None) -> CoreConfig:
+                predicate: Callable[[ProcessInfo], bool] | None = None,
+                flush_interval: float | None = None) -> CoreConfig:
     """The core's configuration from `serve`'s or `record`'s options (`predicate`: the Kubernetes
-    selection)."""
+    selection; `flush_interval`: record's, which has no flag for it)."""
     watch_all = _watches_all(options)
     probe = ProbeConfig(
         attach=options.attach,
@@ -285,20 +285,22 @@ def core_config(options: argparse.Namespace,
         probe=probe, rules=rules,
         aggregate=replace(_CORE.aggregate, exited_grace_seconds=getattr(options, "exited_grace",
                                                                         _CORE.aggregate.exited_grace_seconds)),
-        flush_interval=getattr(options, "flush_interval", _CORE.flush_interval),
+        flush_interval=(flush_interval if flush_interval is not None
+                        else getattr(options, "flush_interval", _CORE.flush_interval)),
         targets_interval=options.targets_interval,
         history_seconds=getattr(options, "history", _CORE.history_seconds),
         unwind_tables=options.unwind_tables,
     )
 
 
-def build_pipeline(options: argparse.Namespace) -> tuple[Probe, Pipeline, PodMetadata]:
+def build_pipeline(options: argparse.Namespace,
+                   flush_interval: float | None = None) -> tuple[Probe, Pipeline, PodMetadata]:
     """The probe, the pipeline and the pod metadata, none of them started: no thread runs yet (see
-    privileges.py)."""
+    privileges.py). `flush_interval` overrides the flag's (see `core_config`)."""
     from offcpu_exporter.core import build_core
 
     metadata, enrich, predicate = _kubernetes(options)
-    config = core_config(options, predicate)
+    config = core_config(options, predicate, flush_interval)
     core = build_core(config, enrich=enrich)
     rules = config.rules
     if core.problems and len(core.problems) == len(rules.pids) and not (rules.scans or rules.watch_all):
@@ -419,66 +421,21 @@ def _drop_privileges(options: argparse.Namespace) -> str | None:
 
 
 def cmd_record(options: argparse.Namespace) -> int:
+    from offcpu_exporter import record
+
+    settings = record.RecordOptions.from_args(options)
     # Fail before recording, not after, when the output cannot be written.
     try:
-        output = sys.stdout.buffer if options.output == "-" else open(options.output, "wb")  # noqa: SIM115
+        output = sys.stdout.buffer if settings.output == "-" else open(settings.output, "wb")  # noqa: SIM115
     except OSError as e:
-        raise StartupError(f"cannot write {options.output}: {e.strerror}") from None
+        raise StartupError(f"cannot write {settings.output}: {e.strerror}") from None
     try:
-        return _record(options, output)
+        stop = _stop_on_signals()
+        probe, pipeline, metadata = build_pipeline(options, flush_interval=settings.flush_interval)
+        return record.run(settings, probe, pipeline, metadata, stop, output)
     finally:
         if output is not sys.stdout.buffer:
             output.close()
-
-
-def _record(options: argparse.Namespace, output: BinaryIO) -> int:
-    from offcpu_exporter.clock import ktime_ns
-    from offcpu_exporter.probe.loader import ProbeError
-    from offcpu_exporter.record import Progress, RecordSink, write_profile
-
-    stop = _stop_on_signals()
-    # Every second: the progress line shows fresh counts, and stacks are symbolized while their
-    # processes live (a process that exits before its first flush leaves only addresses).
-    options.flush_interval = min(1.0, options.duration)
-    probe, pipeline, metadata = build_pipeline(options)
-    try:
-        probe.start()
-    except ProbeError as e:
-        log.error("%s", e)
-        return 1
-    metadata.start()
-    # The targets' unwind tables first (a few seconds the first time a binary is seen), so that the
-    # whole recording has complete stacks; what was counted meanwhile is flushed away.
-    pipeline.sync_targets()
-    if pipeline.describer is not None and pipeline.describer.pending:
-        log.info("building unwind tables for %d process(es) before recording", pipeline.describer.pending)
-        if not pipeline.describer.wait_idle(UNWIND_TABLES_WAIT):
-            log.warning("unwind tables not ready after %d s: some stacks stop where frame pointers do",
-                        UNWIND_TABLES_WAIT)
-    # The window is [now, now + duration] on the probe's clock, whenever the last flush runs: the
-    # kernel counts nothing after its end, and blocks still going on are counted up to it.
-    start_ns = ktime_ns()
-    pipeline.flush()
-    end_ns = start_ns + int(options.duration * 1e9)
-    pipeline.end_window_at(end_ns)
-    log.info("recording for %g s", options.duration)
-    recorder = RecordSink()
-    pipeline.sinks = [recorder]
-    pipeline.start()
-    progress = Progress(options.duration, recorder.seen)
-    progress.update()
-    while not stop.wait(min(1.0, max(0.0, (end_ns - ktime_ns()) / 1e9))):
-        if ktime_ns() >= end_ns:
-            break
-        progress.update()
-    if ktime_ns() < end_ns:
-        pipeline.end_window_at(ktime_ns())  # interrupted: the window ends now
-    pipeline.stop()  # flushes once more: the recorder gets everything counted in the window
-    metadata.close()
-    probe.close()
-    progress.finish()
-    write_profile(options.format, recorder.profile(f"record {options.duration:g} s"), output)
-    return 0
 
 
 def cmd_doctor(options: argparse.Namespace) -> int:
