@@ -101,7 +101,8 @@ def exporter(workload_pid: int, args: list[str]) -> Iterator[dict[str, Any]]:
     probe, pipeline, _ = cli.build_pipeline(options)  # metadata off: nothing to start or close
     probe.start()
     pipeline.start()
-    watched = options.all or workload_pid in options.pid
+    rules = pipeline.processes.rules
+    watched = rules.watch_all or workload_pid in rules.pids
     info: dict[str, Any] = {"mode": probe.mode, "watched_elsewhere": not watched}
     try:
         yield info

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from offcpu_exporter.formats.skywalking import encode_snapshot
 from offcpu_exporter.sinks.skywalking.file import FileTransport
-from offcpu_exporter.sinks.skywalking.options import add_arguments
+from offcpu_exporter.sinks.skywalking.options import SkyWalkingOptions, add_arguments
 from offcpu_exporter.sinks.skywalking.sink import SkyWalkingSink
 from offcpu_exporter.snapshot import Counter, Frame, FrameKind, Stack
 from testkit.snapshots import process, sample, snapshot
@@ -59,7 +59,7 @@ def main() -> int:
     args = parser.parse_args()
     options = argparse.ArgumentParser()
     add_arguments(options)
-    sink_options = options.parse_args(["--skywalking.file", "/dev/null"])
+    sink_options = SkyWalkingOptions.from_args(options.parse_args(["--skywalking.file", "/dev/null"]))
     print(f"{'stacks':>8} {'publish ms':>11} {'encode ms':>10} {'encode / 5 s flush':>19}")
     for n in (int(x) for x in args.stacks.split(",")):
         snap = build(n)

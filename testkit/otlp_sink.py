@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 
 from offcpu_exporter.sinks import SinkContext
-from offcpu_exporter.sinks.otlp.endpoints import OtlpConfig, resolve
+from offcpu_exporter.sinks.otlp.endpoints import OtlpConfig
 from offcpu_exporter.sinks.otlp.options import add_arguments
 from offcpu_exporter.sinks.otlp.sink import OtlpSink
 from offcpu_exporter.snapshot import Snapshot
@@ -19,7 +19,7 @@ def config_from_args(args: Sequence[str], environ: Mapping[str, str] | None = No
     env = environ or {}
     parser = argparse.ArgumentParser(exit_on_error=False)
     add_arguments(parser, env)
-    return resolve(parser.parse_args(list(args)), env)
+    return OtlpConfig.from_args(parser.parse_args(list(args)), env)
 
 
 def context_of(latest: Callable[[], Snapshot]) -> SinkContext:

@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from offcpu_exporter import __version__, heap, logfmt
 from offcpu_exporter.config import (
@@ -62,7 +62,6 @@ itself have no prefix (--pid, --flush-interval). Booleans are turned off with --
 DEFAULT_UNWIND_CACHE = "/var/cache/offcpu-exporter/unwind"
 _CORE = CoreConfig()  # the core's defaults, which the options show
 _PROBE = _CORE.probe
-UNWIND_TABLES_WAIT = 120  # seconds record waits for its targets' unwind tables
 
 
 class StartupError(Exception):
@@ -222,12 +221,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             parser.error("--all watches everything: do not combine it with --pid/--comm/--cmdline")
         if options.all and _extra_selectors(options):
             parser.error("--all watches everything: do not combine it with --namespace/--pod-label/--container")
-        has_target = options.all or options.pid or options.comm or options.cmdline
-        if not has_target and not _extra_selectors(options):
-            if options.command == "record":
-                parser.error("say what to record: --pid, --comm, --cmdline or --all")
-            options.all = True  # serve's default: every process
+        if options.command == "record" and not (options.all or _selects(options)):
+            parser.error("say what to record: --pid, --comm, --cmdline or --all")
     return options
+
+
+def _watches_all(options: argparse.Namespace) -> bool:
+    """--all, or serve given no target: its default is every process (parse_args refuses record
+    without one). The core config carries the result; the namespace stays as the user wrote it."""
+    return bool(options.all or not _selects(options))
+
+
+def _selects(options: argparse.Namespace) -> bool:
+    return bool(options.pid or options.comm or options.cmdline or _extra_selectors(options))
 
 
 def _extra_selectors(options: argparse.Namespace) -> bool:
@@ -251,13 +257,15 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
 
 
 def core_config(options: argparse.Namespace,
-                predicate: Callable[[ProcessInfo], bool] | None = None) -> CoreConfig:
+                predicate: Callable[[ProcessInfo], bool] | None = None,
+                flush_interval: float | None = None) -> CoreConfig:
     """The core's configuration from `serve`'s or `record`'s options (`predicate`: the Kubernetes
-    selection)."""
+    selection; `flush_interval`: record's, which has no flag for it)."""
+    watch_all = _watches_all(options)
     probe = ProbeConfig(
         attach=options.attach,
         per_thread=options.per_thread,
-        watch_all=options.all,
+        watch_all=watch_all,
         follow_children=options.follow_children,
         min_block_ns=options.min_block,
         max_block_ns=options.max_block,
@@ -272,25 +280,27 @@ def core_config(options: argparse.Namespace,
         unwind_cache_dir=options.unwind_cache_dir or None,
     )
     rules = TargetRules(pids=tuple(options.pid), comm=options.comm, cmdline=options.cmdline,
-                        watch_all=options.all, follow_children=options.follow_children, predicate=predicate)
+                        watch_all=watch_all, follow_children=options.follow_children, predicate=predicate)
     return CoreConfig(
         probe=probe, rules=rules,
         aggregate=replace(_CORE.aggregate, exited_grace_seconds=getattr(options, "exited_grace",
                                                                         _CORE.aggregate.exited_grace_seconds)),
-        flush_interval=getattr(options, "flush_interval", _CORE.flush_interval),
+        flush_interval=(flush_interval if flush_interval is not None
+                        else getattr(options, "flush_interval", _CORE.flush_interval)),
         targets_interval=options.targets_interval,
         history_seconds=getattr(options, "history", _CORE.history_seconds),
         unwind_tables=options.unwind_tables,
     )
 
 
-def build_pipeline(options: argparse.Namespace) -> tuple[Probe, Pipeline, PodMetadata]:
+def build_pipeline(options: argparse.Namespace,
+                   flush_interval: float | None = None) -> tuple[Probe, Pipeline, PodMetadata]:
     """The probe, the pipeline and the pod metadata, none of them started: no thread runs yet (see
-    privileges.py)."""
+    privileges.py). `flush_interval` overrides the flag's (see `core_config`)."""
     from offcpu_exporter.core import build_core
 
     metadata, enrich, predicate = _kubernetes(options)
-    config = core_config(options, predicate)
+    config = core_config(options, predicate, flush_interval)
     core = build_core(config, enrich=enrich)
     rules = config.rules
     if core.problems and len(core.problems) == len(rules.pids) and not (rules.scans or rules.watch_all):
@@ -312,7 +322,7 @@ def _kubernetes(options: argparse.Namespace):  # type: ignore[no-untyped-def]
     else:
         metadata = PodMetadata.from_environment(service_account_dir=options.kubernetes_service_account_dir,
                                                 watch_seconds=options.kubernetes_refresh_interval)
-    selector = WorkloadSelector.from_options(options, metadata)
+    selector = WorkloadSelector.from_args(options, metadata)
     if selector.needs_api and not metadata.enabled:
         raise StartupError("--namespace, --pod-label and --container NAME need the Kubernetes API (a pod with "
                            "a service account; see the log); --container also takes a container id")
@@ -340,6 +350,7 @@ def cmd_serve(options: argparse.Namespace) -> int:
     from offcpu_exporter.sinks.prometheus.sink import PrometheusSink
     from offcpu_exporter.web import Routes
     from offcpu_exporter.web.metrics import WebCollector
+    from offcpu_exporter.web.options import WebOptions
     from offcpu_exporter.web.server import WebServer
 
     stop = _stop_on_signals()
@@ -371,7 +382,7 @@ def cmd_serve(options: argparse.Namespace) -> int:
         return 2
     pipeline.sinks = context.sinks
     try:
-        server = WebServer(routes, options, ready=lambda: probe.attached)
+        server = WebServer(routes, WebOptions.from_args(options), ready=lambda: probe.attached)
         server.start()
     except (OSError, ValueError) as e:
         log.error("cannot serve HTTP: %s", e)
@@ -410,66 +421,21 @@ def _drop_privileges(options: argparse.Namespace) -> str | None:
 
 
 def cmd_record(options: argparse.Namespace) -> int:
+    from offcpu_exporter import record
+
+    settings = record.RecordOptions.from_args(options)
     # Fail before recording, not after, when the output cannot be written.
     try:
-        output = sys.stdout.buffer if options.output == "-" else open(options.output, "wb")  # noqa: SIM115
+        output = sys.stdout.buffer if settings.output == "-" else open(settings.output, "wb")  # noqa: SIM115
     except OSError as e:
-        raise StartupError(f"cannot write {options.output}: {e.strerror}") from None
+        raise StartupError(f"cannot write {settings.output}: {e.strerror}") from None
     try:
-        return _record(options, output)
+        stop = _stop_on_signals()
+        probe, pipeline, metadata = build_pipeline(options, flush_interval=settings.flush_interval)
+        return record.run(settings, probe, pipeline, metadata, stop, output)
     finally:
         if output is not sys.stdout.buffer:
             output.close()
-
-
-def _record(options: argparse.Namespace, output: BinaryIO) -> int:
-    from offcpu_exporter.clock import ktime_ns
-    from offcpu_exporter.probe.loader import ProbeError
-    from offcpu_exporter.record import Progress, RecordSink, write_profile
-
-    stop = _stop_on_signals()
-    # Every second: the progress line shows fresh counts, and stacks are symbolized while their
-    # processes live (a process that exits before its first flush leaves only addresses).
-    options.flush_interval = min(1.0, options.duration)
-    probe, pipeline, metadata = build_pipeline(options)
-    try:
-        probe.start()
-    except ProbeError as e:
-        log.error("%s", e)
-        return 1
-    metadata.start()
-    # The targets' unwind tables first (a few seconds the first time a binary is seen), so that the
-    # whole recording has complete stacks; what was counted meanwhile is flushed away.
-    pipeline.sync_targets()
-    if pipeline.describer is not None and pipeline.describer.pending:
-        log.info("building unwind tables for %d process(es) before recording", pipeline.describer.pending)
-        if not pipeline.describer.wait_idle(UNWIND_TABLES_WAIT):
-            log.warning("unwind tables not ready after %d s: some stacks stop where frame pointers do",
-                        UNWIND_TABLES_WAIT)
-    # The window is [now, now + duration] on the probe's clock, whenever the last flush runs: the
-    # kernel counts nothing after its end, and blocks still going on are counted up to it.
-    start_ns = ktime_ns()
-    pipeline.flush()
-    end_ns = start_ns + int(options.duration * 1e9)
-    pipeline.end_window_at(end_ns)
-    log.info("recording for %g s", options.duration)
-    recorder = RecordSink()
-    pipeline.sinks = [recorder]
-    pipeline.start()
-    progress = Progress(options.duration, recorder.seen)
-    progress.update()
-    while not stop.wait(min(1.0, max(0.0, (end_ns - ktime_ns()) / 1e9))):
-        if ktime_ns() >= end_ns:
-            break
-        progress.update()
-    if ktime_ns() < end_ns:
-        pipeline.end_window_at(ktime_ns())  # interrupted: the window ends now
-    pipeline.stop()  # flushes once more: the recorder gets everything counted in the window
-    metadata.close()
-    probe.close()
-    progress.finish()
-    write_profile(options.format, recorder.profile(f"record {options.duration:g} s"), output)
-    return 0
 
 
 def cmd_doctor(options: argparse.Namespace) -> int:

@@ -1,21 +1,104 @@
 """`offcpu-exporter record`: run the pipeline for a while, sum every snapshot's increase and write
 one profile (pprof, folded, html or text). On a terminal a progress line on stderr shows the time
 left and what was seen so far, about once a second; when stderr is not a terminal it stays quiet.
+The CLI parses the flags and builds the probe and the pipeline; `run` records with them.
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import BinaryIO, TextIO
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO, TextIO
 
+from offcpu_exporter.clock import ktime_ns
 from offcpu_exporter.formats import Accumulator, Profile, render
+from offcpu_exporter.probe.loader import Probe, ProbeError
 from offcpu_exporter.sinks import SinkStats
 from offcpu_exporter.snapshot import Snapshot
 
-__all__ = ["Progress", "RecordSink", "write_profile"]
+if TYPE_CHECKING:
+    from offcpu_exporter.k8s import PodMetadata
+    from offcpu_exporter.pipeline import Pipeline
+
+__all__ = ["UNWIND_TABLES_WAIT", "Progress", "RecordOptions", "RecordSink", "run", "write_profile"]
+
+# The command's own messages, under the exporter's name as those of the rest of the CLI.
+log = logging.getLogger("offcpu_exporter")
+
+UNWIND_TABLES_WAIT = 120  # seconds record waits for its targets' unwind tables
+
+
+@dataclass(frozen=True)
+class RecordOptions:
+    duration: float  # seconds
+    format: str  # one of formats.FORMATS
+    output: str  # a path, or "-" for standard output
+
+    @classmethod
+    def from_args(cls, options: argparse.Namespace) -> RecordOptions:
+        return cls(duration=options.duration, format=options.format, output=options.output)
+
+    @property
+    def flush_interval(self) -> float:
+        """Every second: the progress line shows fresh counts, and stacks are symbolized while their
+        processes live (a process that exits before its first flush leaves only addresses)."""
+        return min(1.0, self.duration)
+
+
+def run(
+    options: RecordOptions,
+    probe: Probe,
+    pipeline: Pipeline,
+    metadata: PodMetadata,
+    stop: threading.Event,
+    output: BinaryIO,
+) -> int:
+    """Records for `options.duration` (or until `stop` is set) with a pipeline built with
+    `options.flush_interval` and not started yet, and writes the profile to `output`; 1 when the
+    probe cannot be attached."""
+    try:
+        probe.start()
+    except ProbeError as e:
+        log.error("%s", e)
+        return 1
+    metadata.start()
+    # The targets' unwind tables first (a few seconds the first time a binary is seen), so that the
+    # whole recording has complete stacks; what was counted meanwhile is flushed away.
+    pipeline.sync_targets()
+    if pipeline.describer is not None and pipeline.describer.pending:
+        log.info("building unwind tables for %d process(es) before recording", pipeline.describer.pending)
+        if not pipeline.describer.wait_idle(UNWIND_TABLES_WAIT):
+            log.warning("unwind tables not ready after %d s: some stacks stop where frame pointers do",
+                        UNWIND_TABLES_WAIT)
+    # The window is [now, now + duration] on the probe's clock, whenever the last flush runs: the
+    # kernel counts nothing after its end, and blocks still going on are counted up to it.
+    start_ns = ktime_ns()
+    pipeline.flush()
+    end_ns = start_ns + int(options.duration * 1e9)
+    pipeline.end_window_at(end_ns)
+    log.info("recording for %g s", options.duration)
+    recorder = RecordSink()
+    pipeline.sinks = [recorder]
+    pipeline.start()
+    progress = Progress(options.duration, recorder.seen)
+    progress.update()
+    while not stop.wait(min(1.0, max(0.0, (end_ns - ktime_ns()) / 1e9))):
+        if ktime_ns() >= end_ns:
+            break
+        progress.update()
+    if ktime_ns() < end_ns:
+        pipeline.end_window_at(ktime_ns())  # interrupted: the window ends now
+    pipeline.stop()  # flushes once more: the recorder gets everything counted in the window
+    metadata.close()
+    probe.close()
+    progress.finish()
+    write_profile(options.format, recorder.profile(f"record {options.duration:g} s"), output)
+    return 0
 
 
 class RecordSink:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from offcpu_exporter.cli import parse_args
+from offcpu_exporter.cli import core_config, parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,4 +65,5 @@ def test_config_file_sets_defaults_and_flags_override(tmp_path: Path) -> None:
 
 
 def test_serve_defaults_to_every_process() -> None:
-    assert parse_args(["serve"]).all is True
+    config = core_config(parse_args(["serve"]))
+    assert config.rules.watch_all is True and config.probe.watch_all is True

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from offcpu_exporter import cli
-from offcpu_exporter.record import Progress, RecordSink
+from offcpu_exporter.record import Progress, RecordOptions, RecordSink
 from testkit.snapshots import make_after, make_before, workload_snapshot
 
 
@@ -60,3 +60,14 @@ def test_unwritable_output_fails_before_recording(tmp_path: Path, capsys: pytest
     assert status == 2 and time.monotonic() - started < 10  # no probe loaded, no 60 s wait
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot write" in err and "No such file or directory" in err
+
+
+def test_record_options_and_their_flush_interval() -> None:
+    parsed = cli.parse_args(["record", "--pid", "1", "--duration", "30s", "--format", "text", "-o", "out.txt"])
+    options = RecordOptions.from_args(parsed)
+    assert options == RecordOptions(duration=30.0, format="text", output="out.txt")
+    # Flushes every second, or once for a shorter recording; the core config takes it, not the namespace.
+    assert options.flush_interval == 1.0
+    assert RecordOptions(duration=0.25, format="folded", output="-").flush_interval == 0.25
+    assert cli.core_config(parsed, flush_interval=options.flush_interval).flush_interval == 1.0
+    assert not hasattr(parsed, "flush_interval")

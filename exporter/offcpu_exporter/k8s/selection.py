@@ -78,7 +78,7 @@ class WorkloadSelector:
         return cls(frozenset(namespaces), tuple(pod_labels), frozenset(containers), metadata)
 
     @classmethod
-    def from_options(cls, options: argparse.Namespace, metadata: PodMetadata) -> WorkloadSelector:
+    def from_args(cls, options: argparse.Namespace, metadata: PodMetadata) -> WorkloadSelector:
         return cls.create(metadata, options.namespace, options.pod_label, options.container)
 
     @property

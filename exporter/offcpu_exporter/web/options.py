@@ -23,16 +23,16 @@ class WebOptions:
     max_connections: int = 4096
 
     @classmethod
-    def from_namespace(cls, ns: argparse.Namespace) -> WebOptions:
+    def from_args(cls, options: argparse.Namespace) -> WebOptions:
         return cls(
-            listen_address=ns.web_listen_address,
-            config_file=ns.web_config_file,
-            max_requests=ns.web_max_requests,
-            read_header_timeout=ns.web_read_header_timeout,
-            idle_timeout=ns.web_idle_timeout,
-            max_header_bytes=ns.web_max_header_bytes,
-            max_body_bytes=ns.web_max_body_bytes,
-            max_connections=ns.web_max_connections,
+            listen_address=options.web_listen_address,
+            config_file=options.web_config_file,
+            max_requests=options.web_max_requests,
+            read_header_timeout=options.web_read_header_timeout,
+            idle_timeout=options.web_idle_timeout,
+            max_header_bytes=options.web_max_header_bytes,
+            max_body_bytes=options.web_max_body_bytes,
+            max_connections=options.web_max_connections,
         )
 
 

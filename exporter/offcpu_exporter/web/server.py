@@ -14,7 +14,6 @@ thread pool, so they block neither other requests nor the probe loop. The bytes 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
 import contextlib
@@ -64,11 +63,11 @@ class WebServer:
     def __init__(
         self,
         routes: Routes,
-        options: WebOptions | argparse.Namespace,
+        options: WebOptions,
         ready: Callable[[], bool] = lambda: True,
         config_check_interval: float = 1.0,
     ) -> None:
-        self._opts = options if isinstance(options, WebOptions) else WebOptions.from_namespace(options)
+        self._opts = options
         self._routes = routes
         self._ready = ready
         self._host, self._port = parse_listen_address(self._opts.listen_address)

@@ -19,7 +19,7 @@ def parser() -> argparse.ArgumentParser:
 
 def test_defaults_select_everything() -> None:
     options = parser().parse_args([])
-    selector = WorkloadSelector.from_options(options, PodMetadata.disabled())
+    selector = WorkloadSelector.from_args(options, PodMetadata.disabled())
     assert not selector.active
     assert selector.matches(ContainerIdentity())
     assert options.kubernetes_metadata == "auto" and options.kubernetes_refresh_interval == 30.0
@@ -31,7 +31,7 @@ def test_repeated_options() -> None:
                                    "--container", "web"])
     assert options.namespace == ["a", "b"]
     assert options.pod_label == [("app", "web"), ("app.kubernetes.io/part-of", "shop"), ("empty", "")]
-    selector = WorkloadSelector.from_options(options, PodMetadata.disabled())
+    selector = WorkloadSelector.from_args(options, PodMetadata.disabled())
     assert selector.active and selector.needs_api
 
 

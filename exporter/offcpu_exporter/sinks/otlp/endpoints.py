@@ -26,7 +26,7 @@ from .options import (
     SignalSettings,
 )
 
-__all__ = ["OtlpConfig", "SignalEndpoint", "resolve"]
+__all__ = ["OtlpConfig", "SignalEndpoint"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,32 @@ class OtlpConfig:
     switches_profile: bool = True
     queue_size: int = QUEUE_SIZE
     max_delay: float = MAX_DELAY
+
+    @classmethod
+    def from_args(cls, options: argparse.Namespace, environ: Mapping[str, str] | None = None) -> OtlpConfig | None:
+        """The sink's configuration, or None when it is off. Raises ValueError on contradictory input,
+        and on an unusable environment value of a signal that is on."""
+        env = os.environ if environ is None else environ
+        profiles = _signal_endpoint("profiles", options, env) if options.otlp_profiles else None
+        metrics = _signal_endpoint("metrics", options, env) if options.otlp_metrics else None
+        if profiles is None and metrics is None:
+            return None
+        interval = options.otlp_interval
+        if interval is None:
+            raw = env.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
+            interval = _milliseconds("OTEL_METRIC_EXPORT_INTERVAL", raw) if raw and metrics else METRICS_INTERVAL
+        return cls(
+            profiles=profiles,
+            metrics=metrics,
+            metrics_interval=interval,
+            service_name=options.otlp_service_name,
+            top_stacks=options.otlp_top_stacks,
+            max_processes=options.otlp_max_processes,
+            stack_attribute=options.otlp_stack_attribute,
+            switches_profile=options.otlp_switches_profile,
+            queue_size=options.otlp_queue_size,
+            max_delay=options.otlp_max_delay,
+        )
 
     @property
     def signals(self) -> tuple[SignalEndpoint, ...]:
@@ -179,30 +205,4 @@ def _signal_endpoint(signal: str, options: argparse.Namespace, env: Mapping[str,
         certificate=files["CERTIFICATE"],
         client_certificate=files["CLIENT_CERTIFICATE"],
         client_key=files["CLIENT_KEY"],
-    )
-
-
-def resolve(options: argparse.Namespace, environ: Mapping[str, str] | None = None) -> OtlpConfig | None:
-    """The sink's configuration, or None when it is off. Raises ValueError on contradictory input,
-    and on an unusable environment value of a signal that is on."""
-    env = os.environ if environ is None else environ
-    profiles = _signal_endpoint("profiles", options, env) if options.otlp_profiles else None
-    metrics = _signal_endpoint("metrics", options, env) if options.otlp_metrics else None
-    if profiles is None and metrics is None:
-        return None
-    interval = options.otlp_interval
-    if interval is None:
-        raw = env.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
-        interval = _milliseconds("OTEL_METRIC_EXPORT_INTERVAL", raw) if raw and metrics else METRICS_INTERVAL
-    return OtlpConfig(
-        profiles=profiles,
-        metrics=metrics,
-        metrics_interval=interval,
-        service_name=options.otlp_service_name,
-        top_stacks=options.otlp_top_stacks,
-        max_processes=options.otlp_max_processes,
-        stack_attribute=options.otlp_stack_attribute,
-        switches_profile=options.otlp_switches_profile,
-        queue_size=options.otlp_queue_size,
-        max_delay=options.otlp_max_delay,
     )

@@ -6,8 +6,8 @@ flag wins, then ``OTEL_EXPORTER_OTLP_<SIGNAL>_<SETTING>``, then ``OTEL_EXPORTER_
 then the default. A per-signal HTTP endpoint is used as it is; the generic one (and
 ``--otlp.endpoint``) is a base URL that gets ``/v1/metrics`` or ``/v1development/profiles``.
 Durations in the environment are milliseconds (the specification), on the flags Go-style.
-Environment values are read in `endpoints.resolve`, so a stray bad variable stops start-up (exit status 2)
-only when the OTLP sink is actually on.
+Environment values are read in `OtlpConfig.from_args` (endpoints.py), so a stray bad variable stops
+start-up (exit status 2) only when the OTLP sink is actually on.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def _env(setting: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
-    """The flags; `environ` is read later, by `resolve` (the argument stays for callers' symmetry)."""
+    """The flags; `environ` is read later, by `OtlpConfig.from_args` (the argument stays for callers'
+    symmetry)."""
     group = parser.add_argument_group(
         "OTLP push (OpenTelemetry Collector, Grafana Pyroscope)",
         "Off unless an endpoint is given here or in OTEL_EXPORTER_OTLP_ENDPOINT (or "
@@ -214,7 +215,7 @@ class SignalSettings:
 
 def enabled(options: argparse.Namespace, environ: Mapping[str, str] | None = None) -> bool:
     """Whether a signal that is on has an endpoint (from the flag or the environment): only then is
-    the sink, with gRPC, requests and the OpenTelemetry SDK, imported (see `endpoints.resolve`)."""
+    the sink, with gRPC, requests and the OpenTelemetry SDK, imported (see `OtlpConfig.from_args`)."""
     env = os.environ if environ is None else environ
     on = [signal for signal in SIGNALS if getattr(options, f"otlp_{signal}")]
     return any(SignalSettings(signal, env).source(options.otlp_endpoint, "ENDPOINT") for signal in on)

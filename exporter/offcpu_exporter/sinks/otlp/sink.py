@@ -16,7 +16,7 @@ from offcpu_exporter.sinks import SinkContext, SinkStats
 from offcpu_exporter.snapshot import Snapshot
 
 from . import metrics as otlp_metrics
-from .endpoints import OtlpConfig, SignalEndpoint, resolve
+from .endpoints import OtlpConfig, SignalEndpoint
 from .profiles_delivery import ProfilesDelivery
 from .profiles_transport import GrpcProfilesClient, HttpProfilesClient, ProfilesClient
 
@@ -100,7 +100,7 @@ def _profiles_client(config: OtlpConfig) -> ProfilesClient:
 
 def create(options: argparse.Namespace, context: SinkContext) -> OtlpSink | None:
     """Raises ValueError (the CLI's one-line error, exit status 2) on contradictory options."""
-    config = resolve(options)
+    config = OtlpConfig.from_args(options)
     if config is None:
         return None
     sink = OtlpSink(config, context)

@@ -5,17 +5,48 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from offcpu_exporter import logfmt
 from offcpu_exporter.config import format_duration, positive_int, seconds
 
-__all__ = ["POLL_INTERVAL", "RPC_TIMEOUT", "add_arguments", "add_subcommands", "enabled"]
+__all__ = [
+    "BUFFER",
+    "POLL_INTERVAL",
+    "RPC_TIMEOUT",
+    "SkyWalkingOptions",
+    "add_arguments",
+    "add_subcommands",
+    "enabled",
+]
 
-# Defaults stated once: the flags, the agent (agent.py) and the retry policy (delivery.py) read them.
+# Defaults stated once: the flags, the agent (agent.py), the retry policy (delivery.py) and the sink read them.
 POLL_INTERVAL = 10.0  # seconds between queryTasks/keepAlive calls
 RPC_TIMEOUT = 10.0  # seconds per gRPC call
+BUFFER = 10_000  # messages kept per destination for re-sending
+
+
+@dataclass(frozen=True)
+class SkyWalkingOptions:
+    """What the sink reads while it runs, taken from the flags once at start-up: its encoder thread
+    then never looks at the argparse namespace. The connection and the agent get their own options
+    (`OapConnection`, `AgentOptions`) when `create` builds them."""
+
+    buffer: int = BUFFER
+    task_id: str = ""  # names the records of every flush (with --skywalking.endpoint: the OAP's task)
+    process_id: str = ""  # the OAP's process id; without it the file's records are named by pid
+    task_start_time_ms: int = 0  # profilingStartTime; 0: each flush's own start
+
+    @classmethod
+    def from_args(cls, options: argparse.Namespace) -> SkyWalkingOptions:
+        return cls(
+            buffer=options.skywalking_buffer,
+            task_id=options.skywalking_task_id,
+            process_id=options.skywalking_process_id,
+            task_start_time_ms=options.skywalking_task_start_time,
+        )
 
 
 def _endpoint(value: str) -> str:
@@ -96,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skywalking.buffer",
         metavar="MESSAGES",
         type=positive_int,
-        default=10_000,
+        default=BUFFER,
         help="messages kept for re-sending while a destination fails (default: %(default)s)",
     )
     add("--skywalking.timeout", metavar="DURATION", type=seconds, default=RPC_TIMEOUT,

@@ -17,7 +17,7 @@ from offcpu_exporter.sinks.skywalking.agent import Agent, AgentOptions
 from offcpu_exporter.sinks.skywalking.client import OapClient, OapConnection, OapStreamTransport
 from offcpu_exporter.sinks.skywalking.delivery import Batch, Delivery, RetryPolicy
 from offcpu_exporter.sinks.skywalking.file import FileTransport
-from offcpu_exporter.sinks.skywalking.options import enabled
+from offcpu_exporter.sinks.skywalking.options import SkyWalkingOptions, enabled
 from offcpu_exporter.snapshot import Snapshot
 
 __all__ = ["SkyWalkingSink", "create"]
@@ -32,7 +32,7 @@ class SkyWalkingSink:
 
     def __init__(
         self,
-        options: argparse.Namespace,
+        options: SkyWalkingOptions,
         file_transport: FileTransport | None = None,
         client: OapClient | None = None,
         agent: Agent | None = None,
@@ -45,7 +45,7 @@ class SkyWalkingSink:
         self._agent = agent
         self._file: Delivery | None = None
         self._oap: Delivery | None = None
-        limit = options.skywalking_buffer
+        limit = options.buffer
         if file_transport is not None:
             self._file_transport = file_transport
             self._file = Delivery(file_transport, self.stats, limit, policy)
@@ -69,7 +69,7 @@ class SkyWalkingSink:
         return [d for d in (self._file, self._oap) if d is not None]
 
     def _start_ms(self, snapshot: Snapshot) -> int:
-        return self._options.skywalking_task_start_time or snapshot.start_time_ns // 1_000_000
+        return self._options.task_start_time_ms or snapshot.start_time_ns // 1_000_000
 
     def publish(self, snapshot: Snapshot) -> None:
         """Queues the snapshot for the encoder thread; never waits."""
@@ -129,8 +129,8 @@ class SkyWalkingSink:
                 [
                     Batch(
                         TaskMetadata(
-                            o.skywalking_task_id,
-                            o.skywalking_process_id or str(key.pid),
+                            o.task_id,
+                            o.process_id or str(key.pid),
                             self._start_ms(snapshot),
                         ),
                         tuple(messages),
@@ -142,7 +142,7 @@ class SkyWalkingSink:
             return
         if self._agent is None:
             assert by_process is not None
-            task = TaskMetadata(o.skywalking_task_id, o.skywalking_process_id, self._start_ms(snapshot))
+            task = TaskMetadata(o.task_id, o.process_id, self._start_ms(snapshot))
             messages = tuple(m for batch in by_process.values() for m in batch)
             self._oap.publish([Batch(task, messages)])
             return
@@ -211,4 +211,4 @@ def create(options: argparse.Namespace, context: SinkContext) -> SkyWalkingSink 
         o.skywalking_endpoint or "-",
         "agent" if agent else ("task " + o.skywalking_task_id if client else "-"),
     )
-    return SkyWalkingSink(options, file_transport, client, agent, policy)
+    return SkyWalkingSink(SkyWalkingOptions.from_args(options), file_transport, client, agent, policy)

@@ -13,7 +13,7 @@ from google.protobuf.internal.encoder import _VarintBytes
 from offcpu_exporter.formats.delimited import CorruptFile, encode_varint, frame, read_messages
 from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
 from offcpu_exporter.sinks.skywalking.dump import dump, dump_main
-from offcpu_exporter.sinks.skywalking.options import add_subcommands
+from offcpu_exporter.sinks.skywalking.options import SkyWalkingOptions, add_subcommands
 from offcpu_exporter.sinks.skywalking.sink import create
 from testkit.snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
 from tests.unit.sinks.skywalking.options import context, parse
@@ -178,3 +178,12 @@ def test_bad_endpoint_is_an_argparse_error(value, capsys) -> None:
 
 def test_off_by_default() -> None:
     assert create(parse([]), context()) is None
+
+
+def test_the_sink_options_are_read_from_the_flags() -> None:
+    assert SkyWalkingOptions.from_args(parse([])) == SkyWalkingOptions()
+    options = SkyWalkingOptions.from_args(parse([
+        "--skywalking.buffer", "50", "--skywalking.task-id", "t-1", "--skywalking.process-id", "p-1",
+        "--skywalking.task-start-time", "1700000000000",
+    ]))
+    assert options == SkyWalkingOptions(buffer=50, task_id="t-1", process_id="p-1", task_start_time_ms=1700000000000)

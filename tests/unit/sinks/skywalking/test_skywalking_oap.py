@@ -15,6 +15,7 @@ from offcpu_exporter.sinks.retry import Backoff
 from offcpu_exporter.sinks.skywalking.agent import Agent, AgentOptions
 from offcpu_exporter.sinks.skywalking.client import OapClient, OapConnection
 from offcpu_exporter.sinks.skywalking.delivery import RetryPolicy
+from offcpu_exporter.sinks.skywalking.options import SkyWalkingOptions
 from offcpu_exporter.sinks.skywalking.sink import SkyWalkingSink, create
 from testkit.skywalking_oap import FakeOap, Task, oap_process_id
 from testkit.snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
@@ -48,7 +49,7 @@ def stream_sink(endpoint: str, *extra: str, policy: RetryPolicy = FAST) -> SkyWa
         ]
     )
     client = OapClient(OapConnection(endpoint, authentication=options.skywalking_authentication, timeout=1.0))
-    return SkyWalkingSink(options, client=client, policy=policy)
+    return SkyWalkingSink(SkyWalkingOptions.from_args(options), client=client, policy=policy)
 
 
 def test_task_mode_streams_each_flush(oap: FakeOap) -> None:
@@ -252,7 +253,7 @@ def agent_sink(oap: FakeOap, *extra: str) -> tuple[SkyWalkingSink, Agent]:
         clock_ms=lambda: T0_MS + 30_000,
         hostname="host-a",
     )
-    return SkyWalkingSink(options, client=client, agent=agent, policy=FAST), agent
+    return SkyWalkingSink(SkyWalkingOptions.from_args(options), client=client, agent=agent, policy=FAST), agent
 
 
 def test_agent_reports_processes_and_follows_an_off_cpu_task(oap: FakeOap, caplog) -> None:
