@@ -13,6 +13,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The src layout's root: on PYTHONPATH, a subprocess runs this checkout's package even where the
+# virtualenv's editable install points at another checkout (a git worktree).
+SOURCE_ROOT = ROOT / "exporter"
+SOURCE_ENV = {"PYTHONPATH": str(SOURCE_ROOT)}
 
 
 def free_port() -> int:
@@ -31,7 +35,7 @@ class ExporterProcess:
         self.args = [sys.executable, "-m", "offcpu_exporter", "serve", "--web.listen-address", f"127.0.0.1:{self.port}",
                      *args]
         self.ready_timeout = ready_timeout
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        self.env = {**os.environ, **SOURCE_ENV, **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.log_path = Path(os.environ.get("OFFCPU_TEST_LOGS", "/tmp")) / f"offcpu-exporter-{self.port}.log"
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.exporter import SOURCE_ENV
 from testkit.helm_chart import container, render
 from testkit.workloads import Workload
 
@@ -46,7 +47,7 @@ def record_with(capabilities: list[str], wrapper: Path, tmp_path: Path) -> tuple
             ["setpriv", f"--bounding-set={caps}", sys.executable, "-m", "offcpu_exporter", "record",
              "--pid", str(workload.pid), "--duration", "2.5", "--format", "folded", "-o", str(out),
              "--kubernetes.metadata", "off"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT, env={**os.environ, **SOURCE_ENV}, stderr=subprocess.PIPE, text=True,
         )
         assert proc.stderr is not None
         log = []

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from offcpu_exporter.k8s.cgroup import ContainerIdentity, identify
+from testkit.exporter import SOURCE_ENV
 
 pytestmark = pytest.mark.kernel
 
@@ -124,7 +125,7 @@ def test_record_selects_a_container_by_id(tmp_path: Path) -> None:
             record = subprocess.Popen(
                 [sys.executable, "-m", "offcpu_exporter", "record", "--container", cid[:12], "--duration", "6",
                  "--format", "folded", "-o", str(out), "--kubernetes.metadata", "off", "--targets-interval", "0.2"],
-                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                env={**os.environ, **SOURCE_ENV},
                 stderr=subprocess.PIPE, text=True,
             )
             assert record.stderr is not None

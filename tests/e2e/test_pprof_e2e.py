@@ -26,7 +26,7 @@ from offcpu_exporter.sinks.pprof import sink as pprof_sink
 from offcpu_exporter.snapshot import Snapshot
 from offcpu_exporter.web import Request, Response, Routes
 from testkit import chromium
-from testkit.exporter import ExporterProcess
+from testkit.exporter import SOURCE_ENV, ExporterProcess
 from testkit.gopprof import go_pprof, top_cum
 from testkit.workloads import Workload, build
 
@@ -191,7 +191,7 @@ def test_record_html_shows_the_function(tmp_path: Path) -> None:
             cwd=ROOT,
             stderr=subprocess.PIPE,
             text=True,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            env={**os.environ, **SOURCE_ENV},
         )
         assert record.stderr is not None
         deadline = time.monotonic() + 60
@@ -240,7 +240,7 @@ def test_record_progress_only_on_a_terminal(tmp_path: Path) -> None:
                 stdout=subprocess.DEVNULL,
                 timeout=60,
                 check=False,
-                env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                env={**os.environ, **SOURCE_ENV},
             )
             os.close(secondary)
             secondary = -1

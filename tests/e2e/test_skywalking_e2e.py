@@ -14,7 +14,7 @@ import pytest
 
 from offcpu_exporter.formats.delimited import read_messages
 from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 as pb
-from testkit.exporter import ROOT, ExporterProcess
+from testkit.exporter import ROOT, SOURCE_ENV, ExporterProcess
 from testkit.skywalking_oap import FakeOap, Task, oap_process_id, sleep_totals
 from testkit.workloads import Workload, WorkloadResult
 
@@ -162,7 +162,7 @@ def test_skywalking_dump_prints_a_served_file(tmp_path: Path) -> None:
         text=True,
         check=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, **SOURCE_ENV},
     ).stdout
     assert f"process {workload.pid} started" in out
     assert "    offcpu_sleep_ms" in out and "    do_nanosleep" in out
