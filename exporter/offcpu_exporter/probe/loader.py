@@ -20,11 +20,12 @@ from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets, struct_member_offsets
 from offcpu_exporter.probe.compiler_memory import release_compiler_memory
 from offcpu_exporter.probe.facts import KernelFacts, finish_task_switch_symbols, probe_kernel
+from offcpu_exporter.probe.maps import CounterKey, CounterValue, StartEntry
 from offcpu_exporter.probe.stack_ids import stack_id
 from offcpu_exporter.unwind import TableCache, UnwindConfig, Unwinder, UnwindMaps, bpf_text
 from offcpu_exporter.unwind.build import build_in_child
 
-__all__ = ["CounterKey", "CounterValue", "Probe", "ProbeConfig", "ProbeError", "StartEntry"]
+__all__ = ["Probe", "ProbeConfig", "ProbeError"]
 
 log = logging.getLogger(__name__)
 
@@ -56,43 +57,8 @@ _STARTS = _Entry(_U32, struct.Struct("<QQQIII4x"))  # offcpu_start: ts, stacks, 
 _MARKS = _Entry(_U32, struct.Struct("<QQ"))  # offcpu_mark
 _HIST = _Entry(_U32, struct.Struct(f"<{layout.HIST_ROOM}Q"))  # offcpu_hist
 
-
-class CounterKey(NamedTuple):
-    """A key of the kernel's `counts` map (a NamedTuple: hashed in C, it is a dict key per flush)."""
-
-    tgid: int
-    tid: int  # 0 when aggregating per process
-    reason: int
-    user_stack: int  # a stack id: layout.STACK_* below layout.STACK_RESERVED, else a hash
-    kernel_stack: int
-
-
-class CounterValue(NamedTuple):
-    """Cumulative: every block's count and ns; the sampled (weighted) estimate of the key's stack."""
-
-    blocks: int
-    ns: int
-    weighted_blocks: int
-    weighted_ns: int
-
-
 _AS_COUNTER_KEY = functools.partial(tuple.__new__, CounterKey)  # _make() without its Python frame
 _AS_COUNTER_VALUE = functools.partial(tuple.__new__, CounterValue)
-
-
-class StartEntry(NamedTuple):
-    """A thread off CPU now: since when, why, and its stacks when they were captured. (Fields in
-    struct offcpu_start's order: read_starts() makes them from the map's bytes without a Python
-    call per thread.)"""
-
-    ts_ns: int
-    user_stack: int
-    kernel_stack: int
-    tgid: int
-    reason: int
-    weight: int
-
-
 _AS_START_ENTRY = functools.partial(tuple.__new__, StartEntry)
 
 
