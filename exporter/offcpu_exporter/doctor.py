@@ -51,7 +51,7 @@ def run_doctor(attach: str = "auto", load: bool = False, out: TextIO = sys.stdou
     else:
         _line(out, True, "capabilities", "BPF and perf events allowed")
     # What the attached exporter still uses (kept by --drop-privileges; see SECURITY.md).
-    for kept in kept_after_attach():
+    for kept in kept_after_attach(release=facts.version):
         if kept.capability in caps:
             _line(out, True, kept.name, f"kept by --drop-privileges to {kept.why}")
         else:

@@ -19,7 +19,7 @@ from offcpu_exporter.clock import ktime_ns, wall_ns_at
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets, struct_member_offsets
 from offcpu_exporter.probe.compiler_memory import release_compiler_memory
-from offcpu_exporter.probe.facts import KernelFacts, finish_task_switch_symbols, probe_kernel
+from offcpu_exporter.probe.facts import KernelFacts, probe_kernel
 from offcpu_exporter.probe.maps import CounterKey, CounterValue, StartEntry
 from offcpu_exporter.probe.stack_ids import stack_id
 from offcpu_exporter.unwind import TableCache, UnwindConfig, Unwinder, UnwindMaps, bpf_text
@@ -238,13 +238,8 @@ class Probe:
             self.enable_run_time_stats()
         log.info("probe attached: mode=%s (%s), hooked=%s", self.mode, self.why, ",".join(self.hooked))
 
-    def _kernel_version(self) -> tuple[int, int]:
-        major, minor = (int(x) for x in self.facts.release.split(".")[:2])
-        return major, minor
-
     def _task_pid_offset(self) -> int | None:
-        # The 4-argument raw sched_switch (with prev_state) exists since 5.18.
-        if not self.facts.btf or self._kernel_version() < (5, 18):
+        if not self.facts.raw_sched_switch:
             return None
         try:
             bits = struct_member_bit_offsets("task_struct", ["pid"]).get("pid")
@@ -259,7 +254,7 @@ class Probe:
         headers' offsets, which only matching headers give."""
         if not self.config.unwind:
             return None
-        if self.facts.btf and self._kernel_version() >= (5, 15):
+        if self.facts.task_regs_btf:
             return UnwindConfig(regs_btf=True)
         if self.facts.headers_match:
             return UnwindConfig(regs_btf=False)
@@ -304,7 +299,7 @@ class Probe:
         return [] if bit is None else [f"-DTASK_LOAD_BIT={bit}"]
 
     def _attach_kprobes(self) -> None:
-        symbols = finish_task_switch_symbols()
+        symbols = self.facts.finish_task_switch
         if not symbols:
             log.warning("no finish_task_switch symbol found in /proc/kallsyms; trying finish_task_switch")
             symbols = ("finish_task_switch",)
