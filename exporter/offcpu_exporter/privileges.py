@@ -35,7 +35,10 @@ from dataclasses import dataclass
 from offcpu_exporter.probe.facts import kernel_version
 
 __all__ = [
+    "CAP_BPF",
     "CAP_NAMES",
+    "CAP_PERFMON",
+    "CAP_SYS_ADMIN",
     "PrivilegeError",
     "current_capabilities",
     "drop_capabilities",
@@ -45,6 +48,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# Capability bits (linux/capability.h).
 CAP_DAC_READ_SEARCH = 2
 CAP_SETPCAP = 8
 CAP_NET_BIND_SERVICE = 10

@@ -24,13 +24,6 @@ FINISH_TASK_SWITCH_PATTERN = re.compile(r"^finish_task_switch$|^finish_task_swit
 _TRACEFS_CANDIDATES = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 _VERSION = re.compile(r"(\d+)\.(\d+)")
 
-# Capability bits (linux/capability.h).
-CAP_SYS_PTRACE = 19
-CAP_SYS_ADMIN = 21
-CAP_SYS_RESOURCE = 24
-CAP_PERFMON = 38
-CAP_BPF = 39
-
 
 def kernel_version(release: str | None = None) -> tuple[int, int]:
     """(major, minor) of a kernel release ("6.1.0-57-amd64", "6.12.9+rt", "6.8-rc3"), the running
