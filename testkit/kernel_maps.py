@@ -8,7 +8,7 @@ import errno
 from collections.abc import Iterable, Sequence
 
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import ProbeConfig
+from offcpu_exporter.probe.config import ProbeConfig
 from offcpu_exporter.probe.maps import CounterKey, CounterValue, KernelMaps, StartEntry
 from offcpu_exporter.probe.stack_ids import stack_id
 from offcpu_exporter.unwind import Unwinder

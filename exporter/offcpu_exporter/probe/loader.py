@@ -1,4 +1,5 @@
-"""Compiles bpf/offcpu.bpf.c with bcc, attaches it, and is the only reader and writer of its maps."""
+"""The probe: bpf/offcpu.bpf.c compiled with bcc (probe/compile.py), attached to the scheduler
+(probe/attach.py), and the only reader and writer of its maps."""
 
 from __future__ import annotations
 
@@ -12,32 +13,29 @@ import os
 import struct
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from offcpu_exporter.clock import ktime_ns, wall_ns_at
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets, struct_member_offsets
-from offcpu_exporter.probe.compiler_memory import release_compiler_memory
+from offcpu_exporter.probe.attach import ATTACH_MODES, attach, check_mode, choose_mode
+from offcpu_exporter.probe.compile import build_program, import_bcc, load
+from offcpu_exporter.probe.config import ProbeConfig, ProbeError, pid_max
 from offcpu_exporter.probe.facts import KernelFacts, probe_kernel
 from offcpu_exporter.probe.maps import CounterKey, CounterValue, StartEntry
 from offcpu_exporter.probe.stack_ids import stack_id
-from offcpu_exporter.unwind import TableCache, UnwindConfig, Unwinder, UnwindMaps, bpf_text
+from offcpu_exporter.unwind import TableCache, Unwinder, UnwindMaps
 from offcpu_exporter.unwind.build import build_in_child
 
 __all__ = ["Probe", "ProbeConfig", "ProbeError"]
 
 log = logging.getLogger(__name__)
 
-ATTACH_MODES = ("auto", "kprobe", "tracepoint")
-_U64_MAX = (1 << 64) - 1
 _BPF_NOEXIST = 1
 _SYS_BPF = 321  # x86-64
 _BPF_ENABLE_STATS = 32
 _BPF_STATS_RUN_TIME = 0
 _TABLE_MEMORY = 0  # unwind tables are not kept in memory once in the BPF maps (the disk cache has them)
 _ENOTSUPP = 524  # the kernel-internal "operation not supported" some map types return
-_PID_MAX_LIMIT = 1 << 22  # PID_MAX_LIMIT on 64-bit kernels
 _T = TypeVar("_T")
 _Convert = Callable[[Iterator[tuple[Any, ...]], Iterator[tuple[Any, ...]]], Iterable[_T]]
 
@@ -60,92 +58,6 @@ _HIST = _Entry(_U32, struct.Struct(f"<{layout.HIST_ROOM}Q"))  # offcpu_hist
 _AS_COUNTER_KEY = functools.partial(tuple.__new__, CounterKey)  # _make() without its Python frame
 _AS_COUNTER_VALUE = functools.partial(tuple.__new__, CounterValue)
 _AS_START_ENTRY = functools.partial(tuple.__new__, StartEntry)
-
-
-class ProbeError(Exception):
-    """The probe cannot run on this kernel; the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class ProbeConfig:
-    attach: str = "auto"
-    per_thread: bool = False
-    watch_all: bool = False
-    follow_children: bool = False
-    min_block_ns: int = 0
-    max_block_ns: int = _U64_MAX
-    max_targets: int = 16384
-    max_proc_events: int = 16384  # processes with news between two refreshes of the targets
-    max_threads: int = 65536
-    max_counts: int = 65536
-    stack_storage: int = 16384
-    max_hist: int = 16384  # processes with a histogram
-    raw_tracepoint: bool | None = None  # tracepoint mode: raw when BTF allows (None), always, never
-    # Stack captures: all of them (False), or a sample bounded per thread and per CPU (True).
-    stack_sampling: bool = True
-    stack_budget_thread: int = 1000  # captures per second per thread: threads that block less often have all
-    stack_budget_cpu: int = 5000  # captures per second per CPU
-    long_block_ns: int = 1_000_000  # kprobe mode: blocks at least this long always have their stacks
-    sample_window_ns: int = 100_000_000
-    run_time_stats: bool = False  # have the kernel time the programs (BPF_ENABLE_STATS)
-    # User stacks from DWARF CFI tables for the processes user space describes (else frame pointers).
-    unwind: bool = True
-    unwind_cache_dir: str | None = None  # tables kept on disk by build id (None: not kept)
-
-    @property
-    def in_progress_credit(self) -> bool:
-        """Whether blocks still going on at a flush are counted up to it. Not with --max-block: a
-        block's length, and so whether it counts at all, is known only when it ends."""
-        return self.max_block_ns == _U64_MAX
-
-    def cflags(self, mode: str, extra: Sequence[str] = ()) -> list[str]:
-        windows_per_second = 1e9 / self.sample_window_ns
-        return [
-            f"-I{layout.BPF_DIR}",
-            f"-DOFFCPU_ATTACH_{mode.upper()}",
-            *extra,
-            f"-DPER_THREAD={int(self.per_thread)}",
-            f"-DWATCH_ALL={int(self.watch_all)}",
-            f"-DFOLLOW_CHILDREN={int(self.follow_children)}",
-            f"-DMIN_BLOCK_NS={self.min_block_ns}ULL",
-            f"-DMAX_BLOCK_NS={self.max_block_ns}ULL",
-            f"-DMAX_TARGETS={self.max_targets}",
-            f"-DMAX_PROC_EVENTS={self.max_proc_events}",
-            f"-DMAX_PIDS={pid_max()}",
-            f"-DMAX_THREADS={self.max_threads}",
-            f"-DMAX_COUNTS={self.max_counts}",
-            f"-DSTACK_STORAGE={self.stack_storage}",
-            f"-DMAX_HIST={self.max_hist}",
-            f"-DSTACK_SAMPLING={int(self.stack_sampling)}",
-            f"-DSAMPLE_WINDOW_NS={self.sample_window_ns}ULL",
-            f"-DTHREAD_BUDGET={max(1, round(self.stack_budget_thread / windows_per_second))}",
-            f"-DCPU_BUDGET={max(1, round(self.stack_budget_cpu / windows_per_second))}",
-            f"-DLONG_BLOCK_NS={self.long_block_ns}ULL",
-            f"-DSTOLEN_MIN_NS={layout.STOLEN_MIN_NS}ULL",
-            # bcc's Debian build warns about these in kernel headers it does not own.
-            "-Wno-macro-redefined",
-            "-Wno-unknown-warning-option",
-        ]
-
-
-def _import_bcc():  # type: ignore[no-untyped-def]
-    try:
-        import bcc
-    except ImportError as e:
-        raise ProbeError(
-            "the bcc Python module is missing: install Debian's python3-bpfcc (scripts/setup does) and run "
-            "from a virtualenv made with --system-site-packages; PyPI's 'bcc' is an unrelated package"
-        ) from e
-    return bcc
-
-
-def pid_max(path: str = "/proc/sys/kernel/pid_max") -> int:
-    """The kernel's highest pid + 1: the size of the probe's per-pid arrays."""
-    try:
-        with open(path, encoding="ascii") as f:
-            return max(1, min(int(f.read()), _PID_MAX_LIMIT))
-    except (OSError, ValueError):
-        return _PID_MAX_LIMIT
 
 
 class Probe:
@@ -173,148 +85,28 @@ class Probe:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        bcc = _import_bcc()
-        facts = self.facts
-        mode = self.config.attach
-        if mode == "auto":
-            mode, self.why = facts.auto_attach()
-        else:
-            self.why = "asked for with --attach"
-        if facts.tracefs is None:
-            raise ProbeError("tracefs is not mounted: mount -t tracefs tracefs /sys/kernel/tracing")
-        if mode == "tracepoint" and not facts.sched_switch_tracepoint:
-            raise ProbeError(f"no sched:sched_switch tracepoint under {facts.tracefs}/events (CONFIG_TRACEPOINTS?)")
-        if mode == "kprobe" and not facts.kprobes:
-            raise ProbeError("this kernel has no kprobes (CONFIG_KPROBES): use --attach tracepoint or auto")
-        if facts.headers_dir is None:
-            raise ProbeError(
-                f"no kernel headers for {facts.release} under /lib/modules/{facts.release}/build: "
-                "run scripts/setup (installs linux-headers or links Debian's generic ones)"
-            )
-        if mode == "kprobe" and not facts.headers_match:
-            log.warning(
-                "kernel headers are %s but the kernel is %s: task_struct offsets may be wrong in kprobe mode",
-                facts.headers_release, facts.release,
-            )
-        variant, extra = mode, []
-        if mode == "tracepoint" and self.config.raw_tracepoint is not False:
-            pid_offset = self._task_pid_offset()
-            if pid_offset is not None:
-                variant, extra = "raw_tracepoint", [f"-DTASK_PID_OFFSET={pid_offset}"]
-            elif self.config.raw_tracepoint:
-                raise ProbeError("raw tracepoint asked for, but task_struct.pid is not in /sys/kernel/btf/vmlinux")
-        if mode == "kprobe":
-            extra = self._task_load_bit()
-        extra = [*extra, *self._task_runtime_offsets()]
-        source = (layout.BPF_DIR / layout.SOURCE).read_text()
-        unwind = self._unwind_config(mode)
-        if unwind is not None:
-            source = bpf_text(source)
-            extra = [*extra, "-DOFFCPU_UNWIND=1", *unwind.cflags()]
-        else:
-            extra = [*extra, "-DOFFCPU_UNWIND=0"]
-        try:
-            self._bpf = bcc.BPF(text=source.encode(), cflags=self.config.cflags(variant, extra))
-        except Exception as e:  # bcc raises a bare Exception with the compiler's message
-            raise ProbeError(f"the BPF program failed to compile or load: {e}") from e
-        released = release_compiler_memory()
-        log.debug("compiler memory released: %d MB of code advised out", released >> 20)
+        bcc = import_bcc()
+        mode, self.why = choose_mode(self.config.attach, self.facts)
+        check_mode(mode, self.facts)
+        program = build_program(self.config, self.facts, mode)
+        self._bpf = load(bcc, program)
         self._lib = bcc.libbcc.lib
-        if unwind is not None:
+        if program.unwind is not None:
             # Tables missing from the cache are parsed in a child process: its memory is not ours to keep.
             self.unwinder = Unwinder(UnwindMaps(self._bpf), build_table=build_in_child,
                                      cache=TableCache(self.config.unwind_cache_dir, memory_bytes=_TABLE_MEMORY))
         self.mode = mode
-        if mode == "kprobe":
-            self._attach_kprobes()
-        elif variant == "raw_tracepoint":
-            self.hooked = ("raw_tp:sched_switch",)
-        else:
-            self.hooked = ("sched:sched_switch",)
+        try:
+            self.hooked = attach(self._bpf, program.variant, self.facts)
+        except ProbeError:
+            self.close()
+            raise
         # Counting begins now (tracepoint programs are attached when bcc loads them, kprobes just above).
         self.attached_ktime_ns = ktime_ns()
         self.attached_wall_ns = wall_ns_at(self.attached_ktime_ns)
         if self.config.run_time_stats:
             self.enable_run_time_stats()
         log.info("probe attached: mode=%s (%s), hooked=%s", self.mode, self.why, ",".join(self.hooked))
-
-    def _task_pid_offset(self) -> int | None:
-        if not self.facts.raw_sched_switch:
-            return None
-        try:
-            bits = struct_member_bit_offsets("task_struct", ["pid"]).get("pid")
-        except BtfError as e:
-            log.warning("BTF unreadable (%s): using the perf-event tracepoint", e)
-            return None
-        return None if bits is None else bits // 8
-
-    def _unwind_config(self, mode: str) -> UnwindConfig | None:
-        """The unwinder's build settings, or None when user stacks stay with frame pointers. The
-        walk reads the task's saved user registers: through BTF (5.15+), or else at the kernel
-        headers' offsets, which only matching headers give."""
-        if not self.config.unwind:
-            return None
-        if self.facts.task_regs_btf:
-            return UnwindConfig(regs_btf=True)
-        if self.facts.headers_match:
-            return UnwindConfig(regs_btf=False)
-        log.warning("user stacks with frame pointers only: no BTF (5.15+) and no headers matching the kernel "
-                    "to find a task's user registers for the DWARF unwinder")
-        return None
-
-    def _task_runtime_offsets(self) -> list[str]:
-        """Where a task's run time and its switches are (task_struct::se.sum_exec_runtime,
-        se.prev_sum_exec_runtime, nvcsw and nivcsw): the end of a block whose switch-in the kernel
-        did not report (end_unseen_block() in the BPF program), and the time a running thread lost
-        without a switch (charge_stolen()). Without BTF neither is counted."""
-        if not self.facts.btf:
-            return []
-        try:
-            task = struct_member_offsets("task_struct", ["se", "nvcsw", "nivcsw"])
-            runtime = struct_member_offsets("sched_entity", ["sum_exec_runtime", "prev_sum_exec_runtime"])
-        except BtfError as e:
-            log.warning("BTF unreadable (%s): blocks whose switch-in goes unreported, and time stolen from running "
-                        "threads, are not counted", e)
-            return []
-        se = task.get("se")
-        if se is None or len(runtime) != 2:
-            return []
-        flags = [f"-DTASK_SE_RUNTIME_OFFSET={se + runtime['sum_exec_runtime']}",
-                 f"-DTASK_SE_PREV_RUNTIME_OFFSET={se + runtime['prev_sum_exec_runtime']}"]
-        if "nvcsw" in task and task.get("nivcsw") == task["nvcsw"] + 8:  # read as one pair
-            flags.append(f"-DTASK_SWITCHES_OFFSET={task['nvcsw']}")
-        return flags
-
-    def _task_load_bit(self) -> list[str]:
-        """Where task_struct::sched_contributes_to_load is: the reason of a task that is being woken
-        while it switches out (see reason_of_task_state() in the BPF program)."""
-        if not self.facts.btf:
-            return []
-        try:
-            bit = struct_member_bit_offsets("task_struct", ["sched_contributes_to_load"]).get(
-                "sched_contributes_to_load")
-        except BtfError as e:
-            log.warning("BTF unreadable (%s): blocks woken during their switch count as sleeping", e)
-            return []
-        return [] if bit is None else [f"-DTASK_LOAD_BIT={bit}"]
-
-    def _attach_kprobes(self) -> None:
-        symbols = self.facts.finish_task_switch
-        if not symbols:
-            log.warning("no finish_task_switch symbol found in /proc/kallsyms; trying finish_task_switch")
-            symbols = ("finish_task_switch",)
-        hooked: list[str] = []
-        assert self._bpf is not None
-        for symbol in symbols:
-            try:
-                self._bpf.attach_kprobe(event=symbol.encode(), fn_name=b"offcpu_finish_task_switch")
-                hooked.append(symbol)
-            except Exception as e:
-                log.warning("kprobe on %s failed: %s", symbol, e)
-        if not hooked:
-            self.close()
-            raise ProbeError(f"no kprobe could be attached to any of {', '.join(symbols)}")
-        self.hooked = tuple(hooked)
 
     def close(self) -> None:
         if self._bpf is not None:

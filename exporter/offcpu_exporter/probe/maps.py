@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from offcpu_exporter.probe.loader import ProbeConfig
+    from offcpu_exporter.probe.config import ProbeConfig
     from offcpu_exporter.unwind import Unwinder
 
 __all__ = ["CounterKey", "CounterValue", "KernelMaps", "StartEntry"]
