@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import BUILD, Result, Row, Stopwatch, build_c, shared, summary, write_outputs
 
-from offcpu_exporter.probe.loader import CounterKey, CounterValue
+from offcpu_exporter.probe.maps import CounterKey, CounterValue
 from testkit.kernel_maps import MemoryMaps
 
 TARGET_SECONDS = 0.200

@@ -43,7 +43,6 @@ def running_pipeline(*, pids: tuple[int, ...] = (), comm: str | None = None, per
                                  flush_interval=flush_interval, targets_interval=0.2), probe=probe)
     own_probe = probe is None
     if own_probe:
-        assert isinstance(core.probe, Probe)
         core.probe.start()
     pipeline = core.pipeline
     if sinks is not None:
@@ -55,7 +54,6 @@ def running_pipeline(*, pids: tuple[int, ...] = (), comm: str | None = None, per
     finally:
         pipeline.stop()
         if own_probe:
-            assert isinstance(core.probe, Probe)
             core.probe.close()
 
 

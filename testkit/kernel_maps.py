@@ -8,8 +8,8 @@ import errno
 from collections.abc import Iterable, Sequence
 
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import CounterKey, CounterValue, ProbeConfig, StartEntry
-from offcpu_exporter.probe.maps import KernelMaps
+from offcpu_exporter.probe.config import ProbeConfig
+from offcpu_exporter.probe.maps import CounterKey, CounterValue, KernelMaps, StartEntry
 from offcpu_exporter.probe.stack_ids import stack_id
 from offcpu_exporter.unwind import Unwinder
 
@@ -44,6 +44,12 @@ class MemoryMaps:
         self.attached_ktime_ns = 0
         self.unwinder: Unwinder | None = None  # user stacks with frame pointers only
         self.process_events: dict[int, int] | None = None
+
+    def start(self) -> None:
+        pass  # attached from the start: there is no program to load
+
+    def close(self) -> None:
+        pass
 
     def read_counts(self) -> list[tuple[CounterKey, CounterValue]]:
         return list(self.counts.items())

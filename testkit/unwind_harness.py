@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from offcpu_exporter.probe.btf import struct_member_offsets
-from offcpu_exporter.probe.facts import finish_task_switch_symbols
+from offcpu_exporter.probe.facts import KernelFacts, probe_kernel
 from offcpu_exporter.unwind import TableCache, UnwindConfig, Unwinder, UnwindMaps, bpf_text, layout
 
 SOURCE = Path(__file__).resolve().parent / "unwind_harness.bpf.c"
@@ -54,7 +54,7 @@ class Capture:
     fp_ns: int
 
 
-def hook(attach: str | None = None) -> str:
+def hook(facts: KernelFacts, attach: str | None = None) -> str:
     """raw_tracepoint, tracepoint or kprobe, from OFFCPU_ATTACH and the running kernel."""
     forced = os.environ.get("OFFCPU_UNWIND_HOOK")
     if forced:
@@ -62,11 +62,7 @@ def hook(attach: str | None = None) -> str:
     attach = attach or os.environ.get("OFFCPU_ATTACH", "auto")
     if attach == "kprobe":
         return "kprobe"
-    release = os.uname().release
-    major, minor = (int(x) for x in release.split(".")[:2])
-    if (major, minor) >= (5, 18) and os.path.exists("/sys/kernel/btf/vmlinux"):
-        return "raw_tracepoint"
-    return "tracepoint"
+    return "raw_tracepoint" if facts.raw_sched_switch else "tracepoint"
 
 
 class Harness:
@@ -74,17 +70,18 @@ class Harness:
                  cache_dir: str | None = None) -> None:
         from bcc import BPF
 
-        self.hook = hook(attach)
+        facts = probe_kernel()
+        self.hook = hook(facts, attach)
         regs = os.environ.get("OFFCPU_UNWIND_REGS")
         self.config = config or UnwindConfig(max_rows=1 << 20, max_pages=1 << 16, max_processes=64,
-                                             regs_btf=None if regs is None else regs == "btf")
+                                             regs_btf=facts.task_regs_btf if regs is None else regs == "btf")
         cflags = [*self.config.cflags(), f"-DHARNESS_{self.hook.upper()}", "-Wno-macro-redefined",
                   "-Wno-unknown-warning-option"]
         if self.hook == "raw_tracepoint":
             cflags.append(f"-DTASK_PID_OFFSET={struct_member_offsets('task_struct', ['pid'])['pid']}")
         self.bpf: Any = BPF(text=bpf_text(SOURCE.read_text()).encode(), cflags=cflags)
         if self.hook == "kprobe":
-            for symbol in finish_task_switch_symbols() or ("finish_task_switch",):
+            for symbol in facts.finish_task_switch or ("finish_task_switch",):
                 self.bpf.attach_kprobe(event=symbol.encode(), fn_name=b"harness_finish_task_switch")
         self.maps = UnwindMaps(self.bpf)
         self.unwinder = Unwinder(self.maps, cache=TableCache(cache_dir))

@@ -22,8 +22,7 @@ from offcpu_exporter.health_report import HealthReport
 from offcpu_exporter.histograms import Histograms
 from offcpu_exporter.in_progress import InProgress
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import StartEntry
-from offcpu_exporter.probe.maps import KernelMaps
+from offcpu_exporter.probe.maps import KernelMaps, StartEntry
 from offcpu_exporter.rollup import Rollups
 from offcpu_exporter.snapshot import (
     ZERO,

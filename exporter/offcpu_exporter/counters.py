@@ -14,8 +14,7 @@ import logging
 import operator
 from dataclasses import dataclass
 
-from offcpu_exporter.probe.loader import CounterKey, CounterValue
-from offcpu_exporter.probe.maps import KernelMaps
+from offcpu_exporter.probe.maps import CounterKey, CounterValue, KernelMaps
 
 __all__ = ["CounterDiff", "increase"]
 

@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from offcpu_exporter.privileges import kept_after_attach
-from offcpu_exporter.probe import facts as k
+from offcpu_exporter.privileges import CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, kept_after_attach
+from offcpu_exporter.probe.facts import probe_kernel
 
 __all__ = ["run_doctor"]
 
@@ -33,7 +33,7 @@ def describe_stacks(pid: int, out: TextIO) -> bool:
 
 
 def run_doctor(attach: str = "auto", load: bool = False, out: TextIO = sys.stdout, pids: Sequence[int] = ()) -> int:
-    facts = k.probe_kernel()
+    facts = probe_kernel()
     caps = facts.capabilities
     out.write(f"kernel {facts.release}\n")
     try:
@@ -44,14 +44,14 @@ def run_doctor(attach: str = "auto", load: bool = False, out: TextIO = sys.stdou
     except ImportError:
         _line(out, False, "bcc Python module", "apt-get install python3-bpfcc; use a venv with --system-site-packages")
         has_bcc = False
-    needed = {k.CAP_BPF: "CAP_BPF", k.CAP_PERFMON: "CAP_PERFMON"}
+    needed = {CAP_BPF: "CAP_BPF", CAP_PERFMON: "CAP_PERFMON"}
     missing = [name for bit, name in needed.items() if bit not in caps]
-    if missing and k.CAP_SYS_ADMIN not in caps:
+    if missing and CAP_SYS_ADMIN not in caps:
         _line(out, False, "capabilities", f"missing {', '.join(missing)} (or CAP_SYS_ADMIN): run as root")
     else:
         _line(out, True, "capabilities", "BPF and perf events allowed")
     # What the attached exporter still uses (kept by --drop-privileges; see SECURITY.md).
-    for kept in kept_after_attach():
+    for kept in kept_after_attach(release=facts.version):
         if kept.capability in caps:
             _line(out, True, kept.name, f"kept by --drop-privileges to {kept.why}")
         else:

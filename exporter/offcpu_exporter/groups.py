@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from offcpu_exporter.in_progress import Credit
-from offcpu_exporter.probe.loader import CounterKey, CounterValue
+from offcpu_exporter.probe.maps import CounterKey, CounterValue
 from offcpu_exporter.snapshot import Counter
 from offcpu_exporter.stack_names import FOLDED, IN_PROGRESS, NOT_SAMPLED, StackIds
 

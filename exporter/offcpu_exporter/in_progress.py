@@ -33,8 +33,7 @@ from typing import NamedTuple
 
 from offcpu_exporter.blocked_stacks import BlockedStacks, KernelAddress
 from offcpu_exporter.clock import ktime_ns
-from offcpu_exporter.probe.loader import StartEntry
-from offcpu_exporter.probe.maps import KernelMaps
+from offcpu_exporter.probe.maps import KernelMaps, StartEntry
 from offcpu_exporter.snapshot import Reason
 
 __all__ = ["Credit", "InProgress"]

@@ -32,8 +32,13 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from offcpu_exporter.probe.facts import kernel_version
+
 __all__ = [
+    "CAP_BPF",
     "CAP_NAMES",
+    "CAP_PERFMON",
+    "CAP_SYS_ADMIN",
     "PrivilegeError",
     "current_capabilities",
     "drop_capabilities",
@@ -43,6 +48,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# Capability bits (linux/capability.h).
 CAP_DAC_READ_SEARCH = 2
 CAP_SETPCAP = 8
 CAP_NET_BIND_SERVICE = 10
@@ -94,14 +100,6 @@ class Kept:
         return CAP_NAMES.get(self.capability, str(self.capability))
 
 
-def _release() -> tuple[int, int]:
-    parts = os.uname().release.split(".")
-    try:
-        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
-    except (IndexError, ValueError):
-        return 0, 0
-
-
 def _sysctl(path: str, default: int) -> int:
     try:
         with open(path) as f:
@@ -112,8 +110,9 @@ def _sysctl(path: str, default: int) -> int:
 
 def kept_after_attach(listen_port: int | None = None, release: tuple[int, int] | None = None,
                       proc_sys: str = "/proc/sys") -> list[Kept]:
-    """The capabilities the attached exporter still needs on this kernel, each with its reason."""
-    release = release or _release()
+    """The capabilities the attached exporter still needs on this kernel (`release`: its (major,
+    minor), the running one's by default), each with its reason."""
+    release = release or kernel_version()
     kept = [
         Kept(CAP_SYS_PTRACE, "read /proc/PID/maps and /proc/PID/exe of other users' processes"),
         Kept(CAP_DAC_READ_SEARCH, "open mapped files under /proc/PID/root and /proc/PID/map_files"),

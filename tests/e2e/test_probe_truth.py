@@ -21,7 +21,8 @@ import pytest
 from offcpu_exporter.clock import ktime_ns
 from offcpu_exporter.formats import Accumulator
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import Probe, ProbeConfig, StartEntry
+from offcpu_exporter.probe.loader import Probe, ProbeConfig
+from offcpu_exporter.probe.maps import StartEntry
 from offcpu_exporter.snapshot import ZERO, Counter, Reason, Snapshot
 from testkit.inprocess import ATTACH, FLUSH_TIMEOUT, running_pipeline
 from testkit.tolerances import EMULATED, TIME

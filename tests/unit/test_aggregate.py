@@ -20,7 +20,7 @@ from offcpu_exporter.clock import ktime_ns
 from offcpu_exporter.counters import increase
 from offcpu_exporter.groups import apportion
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import CounterValue, StartEntry
+from offcpu_exporter.probe.maps import CounterValue, StartEntry
 from offcpu_exporter.snapshot import ZERO, Counter, Frame, LostHalf, Reason, Rollup
 from offcpu_exporter.symbols import UNKNOWN
 from offcpu_exporter.targets import ProcessTable, TargetRules

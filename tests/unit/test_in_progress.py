@@ -10,7 +10,7 @@ import pytest
 
 from offcpu_exporter.in_progress import InProgress
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.loader import StartEntry
+from offcpu_exporter.probe.maps import StartEntry
 from testkit.kernel_maps import MemoryMaps
 
 TID = 7

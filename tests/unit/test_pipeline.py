@@ -166,7 +166,7 @@ def test_processes_are_prepared_when_the_table_changed_only(tmp_path: Path) -> N
 
 
 def _block(ts: int):  # type: ignore[no-untyped-def]
-    from offcpu_exporter.probe.loader import StartEntry
+    from offcpu_exporter.probe.maps import StartEntry
 
     return StartEntry(ts, U, K, 42, 1, 1)
 

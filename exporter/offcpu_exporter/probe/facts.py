@@ -1,4 +1,7 @@
-"""What the running kernel offers the probe: read from /proc, /sys and tracefs, never guessed."""
+"""What the running kernel offers the probe: read from /proc, /sys and tracefs, never guessed.
+
+The one place the kernel's release is parsed and version-gated features are decided: the loader,
+the unwinder's build settings, `doctor` and `--drop-privileges` ask here."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ __all__ = [
     "FINISH_TASK_SWITCH_PATTERN",
     "KernelFacts",
     "finish_task_switch_symbols",
+    "kernel_version",
     "probe_kernel",
 ]
 
@@ -18,13 +22,15 @@ __all__ = [
 FINISH_TASK_SWITCH_PATTERN = re.compile(r"^finish_task_switch$|^finish_task_switch\.isra\.\d+$")
 
 _TRACEFS_CANDIDATES = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+_VERSION = re.compile(r"(\d+)\.(\d+)")
 
-# Capability bits (linux/capability.h).
-CAP_SYS_PTRACE = 19
-CAP_SYS_ADMIN = 21
-CAP_SYS_RESOURCE = 24
-CAP_PERFMON = 38
-CAP_BPF = 39
+
+def kernel_version(release: str | None = None) -> tuple[int, int]:
+    """(major, minor) of a kernel release ("6.1.0-57-amd64", "6.12.9+rt", "6.8-rc3"), the running
+    kernel's by default; (0, 0) when it does not start with one, so that every feature gated on a
+    version counts as absent."""
+    m = _VERSION.match(os.uname().release if release is None else release)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
 @dataclass(frozen=True)
@@ -42,8 +48,24 @@ class KernelFacts:
     capabilities: frozenset[int] = field(default_factory=frozenset)
 
     @property
+    def version(self) -> tuple[int, int]:
+        return kernel_version(self.release)
+
+    @property
     def headers_match(self) -> bool:
         return self.headers_release is not None and self.headers_release == self.release
+
+    @property
+    def raw_sched_switch(self) -> bool:
+        """A raw sched_switch tracepoint the probe can read: the 4-argument one (with prev_state,
+        since 5.18), and BTF to find task_struct.pid in."""
+        return self.btf and self.version >= (5, 18)
+
+    @property
+    def task_regs_btf(self) -> bool:
+        """A task's saved user registers reachable through BTF: bpf_task_pt_regs() and BTF task
+        pointers, since 5.15."""
+        return self.btf and self.version >= (5, 15)
 
     def auto_attach(self) -> tuple[str, str]:
         """The attach mode `auto` chooses, and why."""

@@ -1,19 +1,53 @@
-"""What the rest of the exporter uses of the loaded probe: `KernelMaps`.
+"""What the rest of the exporter uses of the loaded probe: `KernelMaps`, and the plain values its
+maps hold (`CounterKey`, `CounterValue`, `StartEntry`).
 
 `Probe` (probe/loader.py) is the real one, over the BPF maps; tests and benchmarks pass an in-memory
-stand-in (testkit/kernel_maps.py), which mypy checks against this protocol.
+stand-in (testkit/kernel_maps.py), which mypy checks against this protocol. Modules that only read
+the values import them from here, not from the loader (which needs bcc).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from offcpu_exporter.probe.loader import CounterKey, CounterValue, ProbeConfig, StartEntry
+    from offcpu_exporter.probe.config import ProbeConfig
     from offcpu_exporter.unwind import Unwinder
 
-__all__ = ["KernelMaps"]
+__all__ = ["CounterKey", "CounterValue", "KernelMaps", "StartEntry"]
+
+
+class CounterKey(NamedTuple):
+    """A key of the kernel's `counts` map (a NamedTuple: hashed in C, it is a dict key per flush)."""
+
+    tgid: int
+    tid: int  # 0 when aggregating per process
+    reason: int
+    user_stack: int  # a stack id: layout.STACK_* below layout.STACK_RESERVED, else a hash
+    kernel_stack: int
+
+
+class CounterValue(NamedTuple):
+    """Cumulative: every block's count and ns; the sampled (weighted) estimate of the key's stack."""
+
+    blocks: int
+    ns: int
+    weighted_blocks: int
+    weighted_ns: int
+
+
+class StartEntry(NamedTuple):
+    """A thread off CPU now: since when, why, and its stacks when they were captured. (Fields in
+    struct offcpu_start's order: read_starts() makes them from the map's bytes without a Python
+    call per thread.)"""
+
+    ts_ns: int
+    user_stack: int
+    kernel_stack: int
+    tgid: int
+    reason: int
+    weight: int
 
 
 class KernelMaps(Protocol):
@@ -26,6 +60,11 @@ class KernelMaps(Protocol):
 
     @property
     def attached(self) -> bool: ...
+
+    # lifecycle: load and attach (counting begins), then detach and free the maps
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
 
     @property
     def cutoff_ns(self) -> int: ...

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
 from offcpu_exporter.bpf import SOURCE_DIR as BPF_DIR
+from offcpu_exporter.probe.facts import probe_kernel
 from offcpu_exporter.unwind import layout
 
 __all__ = ["UnwindConfig", "bpf_text"]
@@ -26,15 +26,6 @@ def bpf_text(source: str) -> str:
     return text
 
 
-def _btf_task_regs(release: str, btf_path: str = "/sys/kernel/btf/vmlinux") -> bool:
-    """bpf_task_pt_regs() and a BTF task pointer: kernel 5.15 and BTF."""
-    try:
-        major, minor = (int(x) for x in release.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (5, 15) and os.path.exists(btf_path)
-
-
 @dataclass(frozen=True)
 class UnwindConfig:
     max_frames: int = 127  # the probe's user-stack depth
@@ -44,10 +35,10 @@ class UnwindConfig:
     # together (32 bytes each, 8 MiB): a node of 10,000 processes at 26 objects with CFI each.
     max_processes: int = 1 << 16
     mapping_slots: int = 1 << 18
-    regs_btf: bool | None = None  # None: from the running kernel
+    regs_btf: bool | None = None  # None: from the running kernel (KernelFacts.task_regs_btf)
 
     def cflags(self) -> list[str]:
-        regs_btf = self.regs_btf if self.regs_btf is not None else _btf_task_regs(os.uname().release)
+        regs_btf = self.regs_btf if self.regs_btf is not None else probe_kernel().task_regs_btf
         return [
             f"-I{BPF_DIR}",
             f"-DUNWIND_MAX_FRAMES={self.max_frames}",

@@ -1,0 +1,46 @@
+"""KernelFacts: the kernel's version, parsed once from its release, and the features gated on it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from offcpu_exporter.probe.facts import KernelFacts, kernel_version
+
+_FACTS = KernelFacts(release="6.1.0-57-amd64", tracefs="/sys/kernel/tracing", btf=True, kprobes=True,
+                     sched_switch_tracepoint=True, sched_exit_tracepoint=True, kallsyms_readable=True,
+                     finish_task_switch=("finish_task_switch.isra.0",), headers_dir=None, headers_release=None)
+
+
+@pytest.mark.parametrize(("release", "version"), [
+    ("6.1.0-57-amd64", (6, 1)),  # Debian
+    ("5.15.0", (5, 15)),
+    ("6.12.9+rt", (6, 12)),
+    ("5.4.0-1103-aws", (5, 4)),
+    ("6.8-rc3", (6, 8)),  # a release candidate: no patch level
+    ("6.18.0-0.rc7.60.fc44.x86_64", (6, 18)),
+    ("", (0, 0)),  # nothing to parse: every version-gated feature counts as absent
+    ("linux", (0, 0)),
+])
+def test_the_version_is_the_releases_major_and_minor(release: str, version: tuple[int, int]) -> None:
+    assert kernel_version(release) == version
+    assert dataclasses.replace(_FACTS, release=release).version == version
+
+
+def test_the_running_kernels_version_by_default() -> None:
+    assert kernel_version() >= (4, 0)
+
+
+@pytest.mark.parametrize(("release", "btf", "raw_sched_switch", "task_regs_btf"), [
+    ("6.1.0-57-amd64", True, True, True),
+    ("5.18.0", True, True, True),
+    ("5.17.15", True, False, True),
+    ("5.15.0", True, False, True),
+    ("5.14.21", True, False, False),
+    ("6.12.9+rt", False, False, False),  # no BTF: neither, whatever the version
+])
+def test_features_gated_on_the_version_and_btf(release: str, btf: bool, raw_sched_switch: bool,
+                                               task_regs_btf: bool) -> None:
+    facts = dataclasses.replace(_FACTS, release=release, btf=btf)
+    assert (facts.raw_sched_switch, facts.task_regs_btf) == (raw_sched_switch, task_regs_btf)
