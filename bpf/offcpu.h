@@ -1,5 +1,5 @@
 /* Key/value layouts and constants shared by offcpu.bpf.c and offcpu_exporter/probe/layout.py.
- * Only fixed-width types; layout.py mirrors every struct and tests/unit/test_layout.py checks both
+ * Only fixed-width types; layout.py mirrors every struct and tests/unit/probe/test_layout.py checks both
  * sides agree (sizes and offsets). */
 #ifndef OFFCPU_H
 #define OFFCPU_H

@@ -1,6 +1,6 @@
 """The Python mirror of bpf/offcpu.h: map names, struct layouts and constants.
 
-tests/unit/test_layout.py compiles the header with the C compiler and checks every size and offset
+tests/unit/probe/test_layout.py compiles the header with the C compiler and checks every size and offset
 against these ctypes structures.
 """
 

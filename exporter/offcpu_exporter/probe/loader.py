@@ -115,6 +115,3 @@ class Probe(MapAccess):
                 continue
         return total_ns, runs
 
-
-def exporter_tgid() -> int:
-    return os.getpid()

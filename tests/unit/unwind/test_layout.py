@@ -1,5 +1,5 @@
 """bpf/unwind_table.h and unwind/layout.py (in offcpu_exporter/) describe the same structs and
-constants: checked with the C compiler, as tests/unit/test_layout.py does for offcpu.h."""
+constants: checked with the C compiler, as tests/unit/probe/test_layout.py does for offcpu.h."""
 
 from __future__ import annotations
 
