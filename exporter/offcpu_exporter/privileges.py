@@ -32,7 +32,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from offcpu_exporter.probe.facts import kernel_version
+from offcpu_exporter.probe.facts import current_capabilities, kernel_version
 
 __all__ = [
     "CAP_BPF",
@@ -40,7 +40,6 @@ __all__ = [
     "CAP_PERFMON",
     "CAP_SYS_ADMIN",
     "PrivilegeError",
-    "current_capabilities",
     "drop_capabilities",
     "kept_after_attach",
     "other_threads",
@@ -130,16 +129,6 @@ def kept_after_attach(listen_port: int | None = None, release: tuple[int, int] |
     if listen_port is not None and 0 < listen_port < 1024:
         kept.append(Kept(CAP_NET_BIND_SERVICE, f"bind the web server to port {listen_port} (below 1024)"))
     return kept
-
-
-def current_capabilities(field: str = "CapEff", status_path: str = "/proc/self/status") -> frozenset[int]:
-    """Capability bits of one set (CapEff, CapPrm, CapInh, CapBnd, CapAmb) from /proc/.../status."""
-    with open(status_path) as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                mask = int(line.split()[1], 16)
-                return frozenset(bit for bit in range(64) if mask >> bit & 1)
-    return frozenset()
 
 
 def _libc() -> ctypes.CDLL:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from offcpu_exporter.privileges import CAP_NAMES, current_capabilities, kept_after_attach
+from offcpu_exporter.privileges import CAP_NAMES, kept_after_attach
+from offcpu_exporter.probe.facts import current_capabilities
 from testkit.as_nobody import NOBODY
 from testkit.exporter import ROOT, ExporterProcess
 from testkit.workloads import Workload
@@ -152,7 +153,8 @@ def test_the_drop_refuses_to_run_beside_another_thread() -> None:
 
     code = """if True:
         import threading
-        from offcpu_exporter.privileges import PrivilegeError, current_capabilities, drop_capabilities
+        from offcpu_exporter.privileges import PrivilegeError, drop_capabilities
+        from offcpu_exporter.probe.facts import current_capabilities
         before = current_capabilities("CapEff")
         stop = threading.Event()
         threading.Thread(target=stop.wait, name="early-bird").start()

@@ -13,6 +13,7 @@ from pathlib import Path
 __all__ = [
     "FINISH_TASK_SWITCH_PATTERN",
     "KernelFacts",
+    "current_capabilities",
     "finish_task_switch_symbols",
     "kernel_version",
     "probe_kernel",
@@ -132,16 +133,21 @@ def _headers(release: str) -> tuple[str | None, str | None]:
     return None, None
 
 
+def current_capabilities(field: str = "CapEff", status_path: str = "/proc/self/status") -> frozenset[int]:
+    """Capability bits of one set (CapEff, CapPrm, CapInh, CapBnd, CapAmb) from /proc/.../status."""
+    with open(status_path) as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                mask = int(line.split()[1], 16)
+                return frozenset(bit for bit in range(64) if mask >> bit & 1)
+    return frozenset()
+
+
 def _capabilities() -> frozenset[int]:
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    mask = int(line.split()[1], 16)
-                    return frozenset(bit for bit in range(64) if mask >> bit & 1)
+        return current_capabilities("CapEff")
     except OSError:
-        pass
-    return frozenset()
+        return frozenset()
 
 
 def probe_kernel() -> KernelFacts:
