@@ -122,7 +122,10 @@ def test_a_guest_with_another_kernels_headers() -> None:
 
 
 def matrix_list(*legs: str) -> list[tuple[str, str, str]]:
-    r = run(MATRIX, "--list", *(["--legs", ",".join(legs)] if legs else []), timeout=120)
+    # The default command's interpreter: this test's own virtualenv (a worktree may have none).
+    env = {**os.environ, "OFFCPU_VENV": sys.prefix}
+    r = subprocess.run([str(MATRIX), "--list", *(["--legs", ",".join(legs)] if legs else [])], cwd=PROJECT,
+                       capture_output=True, text=True, timeout=120, check=False, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     return [tuple(line.split("\t")) for line in r.stdout.splitlines()]  # type: ignore[misc]
 
