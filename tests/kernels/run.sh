@@ -176,8 +176,9 @@ xroot=$cache/$kernel/root
 # bcc's /lib/modules/<ver>/build and source: the arch-specific headers and the -common ones.
 build=$cache/$headers/root/usr/src/linux-headers-$headers
 source=$(find "$cache/$headers/root/usr/src" -mindepth 1 -maxdepth 1 -name 'linux-headers-*-common*')
-[ -n "$source" ] && [ "$(printf '%s\n' "$source" | wc -l)" -eq 1 ] \
-	|| fail "expected one linux-headers-*-common* directory in $cache/$headers/root/usr/src"
+if [ -z "$source" ] || [ "$(printf '%s\n' "$source" | wc -l)" -ne 1 ]; then
+	fail "expected one linux-headers-*-common* directory in $cache/$headers/root/usr/src"
+fi
 
 # --- initramfs -------------------------------------------------------------------------------
 tmp=$(mktemp -d /tmp/offcpu-kernel.XXXXXX)
