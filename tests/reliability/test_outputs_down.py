@@ -13,10 +13,10 @@ import time
 
 import pytest
 
+from testkit.blackhole import Blackhole
 from testkit.exporter import ExporterProcess, free_port
+from testkit.metrics_page import rss_kib, total
 from testkit.workloads import Workload
-from tests.reliability.blackhole import Blackhole
-from tests.reliability.metrics import rss_kib, total
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.timeout(240)]
 
