@@ -46,6 +46,10 @@ from offcpu_exporter.wall_bound import WallTimeBound
 __all__ = ["AggregateConfig", "Aggregator"]
 
 _REASONS = {r.value: r for r in Reason}  # a dict lookup; Reason(value) is a slow Enum call
+# Shared by every view without blocked threads or without threads apart (no --per-thread): made
+# once instead of for every process at every flush.
+_NOTHING_BLOCKED: Mapping[Reason, Blocked] = MappingProxyType({})
+_NO_THREADS: Mapping[int, ThreadView] = MappingProxyType({})
 
 # A snapshot is published at most this long after the moment its figures are counted up to (see
 # flush()), unless that many passes in a row each take longer.
@@ -298,10 +302,10 @@ class Aggregator:
             parts = self._views.get(pkey)
             if parts is None:
                 parts = self._views[pkey] = self._view_parts(pkey)
-            slots = self.histograms.get(pkey)
+            now = off_cpu.get(pkey)
             views[pkey] = ProcessView(info=info, total=parts.total, by_reason=parts.by_reason,
-                                      histogram=tuple(slots) if slots else (),
-                                      blocked=MappingProxyType(off_cpu.get(pkey, {})),
+                                      histogram=self.histograms.get(pkey),
+                                      blocked=_NOTHING_BLOCKED if now is None else MappingProxyType(now),
                                       threads=parts.threads)
 
         health = self._health_now(duration, counts=len(self.counters), start=len(blocked), hist=hist_entries)
@@ -323,12 +327,12 @@ class Aggregator:
         """A process's totals as a snapshot shows them, made again only after they changed."""
         by_reason = self._process_totals.get(pkey, {})
         of_threads = self._thread_totals.get(pkey)
-        threads = {
+        threads = MappingProxyType({
             tid: ThreadView(tid, self._thread_names.get((pkey.pid, tid), ""), _sum(of_thread.values()),
                             MappingProxyType(dict(of_thread)))
             for tid, of_thread in of_threads.items()
-        } if of_threads else {}
-        return _ViewParts(_sum(by_reason.values()), MappingProxyType(dict(by_reason)), MappingProxyType(threads))
+        }) if of_threads else _NO_THREADS
+        return _ViewParts(_sum(by_reason.values()), MappingProxyType(dict(by_reason)), threads)
 
     def _health_now(self, duration: float, **sizes_known: int) -> Health:
         if self.stacks.entries is not None:

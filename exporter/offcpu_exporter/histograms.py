@@ -22,9 +22,17 @@ class Histograms:
         self.rollups = rollups
         self._totals: dict[ProcessKey, list[int]] = {}  # cumulative block counts per duration slot
         self._read: dict[int, list[int]] = {}  # tgid -> the kernel's slots at the last read
+        # The totals as snapshots show them, made again only after they grew: most processes on a
+        # node block at no time between two flushes.
+        self._shown: dict[ProcessKey, tuple[int, ...]] = {}
 
-    def get(self, pkey: ProcessKey) -> list[int] | None:
-        return self._totals.get(pkey)
+    def get(self, pkey: ProcessKey) -> tuple[int, ...]:
+        """A process's cumulative counts per slot; () when it has none."""
+        shown = self._shown.get(pkey)
+        if shown is None:
+            total = self._totals.get(pkey)
+            shown = self._shown[pkey] = tuple(total) if total else ()
+        return shown
 
     def add(self, info: ProcessInfo, tgid: int, slots: list[int]) -> None:
         """`slots`, the kernel's cumulative figures of `tgid`, whose increase is `info`'s."""
@@ -52,6 +60,7 @@ class Histograms:
         if total is None:
             total = self._totals[info.key] = [0] * layout.HIST_SLOTS
         total[:] = map(operator.add, total, inc)
+        self._shown.pop(info.key, None)
         return inc
 
     def read(self) -> int:
@@ -92,3 +101,4 @@ class Histograms:
     def forget(self, keys: Iterable[ProcessKey]) -> None:
         for key in keys:
             self._totals.pop(key, None)
+            self._shown.pop(key, None)
