@@ -1,7 +1,8 @@
 """Turns what the kernel counted into snapshots: one flush reads the counters (counters.py) and the
 blocks in progress (in_progress.py), splits each thread's figures over its stacks (groups.py),
-names the stacks (stack_names.py), adds the increases to the totals, and builds the snapshot from
-the totals, the histograms (histograms.py) and the probe's health (health_report.py).
+names the stacks (stack_names.py), adds the increases to the totals (stack_rows.py), and builds
+the snapshot from the totals, the histograms (histograms.py) and the probe's health
+(health_report.py).
 
 Totals are keyed by the *symbolized* stack (kernel stack ids are ephemeral), values are never
 truncated, and lost stacks are kept as placeholder frames.
