@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.config import ProbeConfig, ProbeError, pid_max
+from offcpu_exporter.probe.config import ProbeConfig, pid_max
 from offcpu_exporter.probe.map_calls import Convert, Entry, delete_batch, lookup_and_delete, lookup_batch
 from offcpu_exporter.probe.maps import CounterKey, CounterValue, StartEntry
 from offcpu_exporter.probe.stack_ids import stack_id
@@ -32,7 +32,6 @@ _COUNTS = Entry(struct.Struct("<III4xQQ"), struct.Struct("<QQQQ"))  # offcpu_key
 _STARTS = Entry(_U32, struct.Struct("<QQQIII4x"))  # offcpu_start: ts, stacks, tgid, reason, weight (flags)
 _MARKS = Entry(_U32, struct.Struct("<QQ"))  # offcpu_mark
 _HIST = Entry(_U32, struct.Struct(f"<{layout.HIST_ROOM}Q"))  # offcpu_hist
-_STACK = struct.Struct(f"<{layout.MAX_DEPTH}Q")  # offcpu_stack: addresses, leaf first, 0 after the last
 
 _AS_COUNTER_KEY = functools.partial(tuple.__new__, CounterKey)  # _make() without its Python frame
 _AS_COUNTER_VALUE = functools.partial(tuple.__new__, CounterValue)
@@ -127,23 +126,18 @@ class MapAccess:
     # -- stacks ----------------------------------------------------------------------------
 
     def stack(self, stack_id: int) -> tuple[int, ...] | None:
-        """The addresses of a stack id, leaf first; None if the id is not in the map. One libbpf
-        lookup into a buffer unpacked by `struct`: bcc's table item and the ctypes array's 127
-        elements read one by one cost ~20 us per stack, and every new stack and every stack freed is
-        read (thousands per flush on a busy node, where preemptions make new stacks all the time)."""
+        """The addresses of a stack id, leaf first; None if the id is not in the map."""
         table = self._table(layout.MAP_STACKS)
-        if ctypes.sizeof(table.Leaf) != _STACK.size:
-            raise ProbeError(f"map {layout.MAP_STACKS}: entries of {ctypes.sizeof(table.Leaf)} bytes, "
-                             f"read as {_STACK.size}")
-        key = ctypes.c_uint64(stack_id)
-        value = ctypes.create_string_buffer(_STACK.size)
-        if self._lib.bpf_lookup_elem(table.map_fd, ctypes.byref(key), value) != 0:
-            return None
-        ips = _STACK.unpack_from(value)
         try:
-            return ips[: ips.index(0)]
-        except ValueError:  # every slot used
-            return ips
+            trace = table[table.Key(stack_id)]
+        except KeyError:
+            return None
+        out = []
+        for addr in trace.ips:
+            if addr == 0:
+                break
+            out.append(addr)
+        return tuple(out)
 
     def stack_ids(self) -> set[int]:
         """The ids the stack map holds (keys only: the values are ~1 KiB each). The kernel only
