@@ -15,7 +15,10 @@ the stack count stops growing (the first flushes symbolize). The consumer is the
 render of the profile between two snapshots (Profile.between, as `record` and /flamegraph do).
 A second part feeds the same Aggregator from in-memory maps holding exactly N counters, all growing
 every flush: the user-space cost alone, free of the extra stacks that preemptions of a real
-workload add on a shared machine.
+workload add on a shared machine. A third (--processes) is bench/scale.py's node in memory: N
+processes of one thread and one stack each (in a fake /proc), every one blocking twice between two
+flushes and blocked at each flush, with its histogram growing; the whole pipeline flush (snapshot,
+history, sinks) is timed in thread CPU time, the cycle collector paced as the pipeline's loop does.
 Target (issue 10): a flush of 10,000 stacks under 200 ms (for the real probe, scaled to 10,000 from
 the stacks it saw).
 """
@@ -31,7 +34,7 @@ import pstats
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -335,7 +338,59 @@ def measure_synthetic(stacks: int, flushes: int, gc_paused: bool = False) -> dic
                 "prometheus_render_seconds": summary(prom_times) if prom is not None else None}
 
 
-def measure(sizes: list[int], flushes: int, interval: float, profile: bool, rate: float) -> Result:
+def measure_processes(count: int, flushes: int) -> dict[str, Any]:
+    """bench/scale.py's sleepers in memory: see the module docstring."""
+    import random
+    import tempfile as _tempfile
+
+    from offcpu_exporter.clock import ktime_ns
+    from offcpu_exporter.core import CoreConfig, build_core
+    from offcpu_exporter.probe import layout
+    from offcpu_exporter.probe.maps import StartEntry
+    from offcpu_exporter.targets import TargetRules
+
+    rng = random.Random(1)
+    with _tempfile.TemporaryDirectory() as root:
+        pids = range(100_000, 100_000 + count)
+        for pid in pids:
+            Path(root, str(pid)).mkdir()
+            Path(root, str(pid), "stat").write_text(f"{pid} (sleeper) S 1 " + " ".join(["0"] * 17) + f" {pid} 0 0\n")
+            Path(root, str(pid), "status").write_text(f"Name:\tsleeper\nTgid:\t{pid}\n")
+        maps = MemoryMaps(max_counts=max(65536, 4 * count), max_threads=max(65536, 2 * count), watch_all=True)
+        user, kernel = 1 << 41, InMemoryMaps.KERNEL  # the same program in every process: one stack id
+        maps.stacks[user] = tuple(0x400000 + j * 16 for j in range(8))
+        maps.stacks[kernel] = tuple(0xFFFFFFFF81000000 + j * 64 for j in range(12))
+        pipeline = build_core(CoreConfig(probe=maps.config, rules=TargetRules(watch_all=True)), probe=maps,  # type: ignore[arg-type]
+                              symbolizer=NamedAddresses(), proc_root=root).pipeline
+        before_flush = getattr(pipeline.cycles, "before_flush", None)  # (absent from older trees)
+
+        def blocks() -> None:
+            now = ktime_ns()
+            for pid in pids:
+                for b in (1, 2):  # the block going on ends, a new one starts
+                    if pid in maps.starts:
+                        maps.switch_in(pid, now - rng.randrange(1_000_000, 400_000_000) // b)
+                    maps.starts[pid] = StartEntry(now - rng.randrange(0, 1_000_000), user, kernel, pid, 1, 1)
+                slots = maps.hist.setdefault(pid, [0] * layout.HIST_SLOTS)
+                slots[20] += 2
+
+        cpu = []
+        for i in range(flushes + 3):  # the first flushes find the processes
+            blocks()
+            if before_flush is not None:
+                before_flush()
+            c0 = time.thread_time()
+            snapshot = pipeline.flush()
+            if i >= 3:
+                cpu.append(time.thread_time() - c0)
+            pipeline.cycles.after_flush()
+        pipeline.cycles.close()
+        return {"processes": len(snapshot.processes), "samples": len(snapshot.samples),
+                "flush_cpu_seconds": summary(cpu)}
+
+
+def measure(sizes: list[int], flushes: int, interval: float, profile: bool, rate: float,
+            processes: Sequence[int] = ()) -> Result:
     clock = Stopwatch()
     per = {}
     for n in sizes:
@@ -347,28 +402,42 @@ def measure(sizes: list[int], flushes: int, interval: float, profile: bool, rate
         if "profile" in per[n]:
             print(per[n]["profile"], file=sys.stderr)
     synthetic = {}
-    paused = measure_synthetic(max(sizes), max(flushes, 5), gc_paused=True)
+    paused = measure_synthetic(max(sizes), max(flushes, 5), gc_paused=True) if sizes else None
     for n in sizes:
         synthetic[n] = measure_synthetic(n, max(flushes, 5))
         f = synthetic[n]["flush_seconds"]
         print(f"{n:>6} stacks in memory: flush {f['median'] * 1000:.1f} ms (min {f['min'] * 1000:.1f}, "
+              f"max {f['max'] * 1000:.1f})", file=sys.stderr, flush=True)
+    nodes = {}
+    for n in processes:
+        nodes[n] = measure_processes(n, max(flushes, 5))
+        f = nodes[n]["flush_cpu_seconds"]
+        print(f"{n:>6} processes in memory: flush {f['median'] * 1000:.1f} ms of CPU (min {f['min'] * 1000:.1f}, "
               f"max {f['max'] * 1000:.1f})", file=sys.stderr, flush=True)
     context = clock.done()
     busy = shared(context, ours=2.0)
     result = Result("flush_cost", details={"flushes": flushes, "interval": interval, "rate": rate, "context": context,
                                            "sizes": {str(k): v for k, v in per.items()},
                                            "in_memory": {str(k): v for k, v in synthetic.items()},
-                                           "in_memory_gc_paused": paused})
+                                           "in_memory_gc_paused": paused,
+                                           "processes_in_memory": {str(k): v for k, v in nodes.items()}})
     for n, v in synthetic.items():
         f = v["flush_seconds"]
         result.rows.append(Row("flush cost", f"Aggregator.flush, exactly {n:,} stacks from in-memory maps: ms",
                                f"{f['median'] * 1000:.1f}", f"{f['min'] * 1000:.1f}..{f['max'] * 1000:.1f}",
                                "< 200 ms" if n >= 10_000 else "", f["median"] < TARGET_SECONDS if n >= 10_000 else None,
                                busy, "all changed every flush; user-space cost alone"))
-    f = paused["flush_seconds"]
-    result.rows.append(Row("flush cost", f"same, {max(sizes):,} stacks, Python's cyclic GC paused in the flush: ms",
-                           f"{f['median'] * 1000:.1f}", f"{f['min'] * 1000:.1f}..{f['max'] * 1000:.1f}", shared=busy,
-                           note="diagnostic: the share of garbage collection"))
+    if paused is not None:
+        f = paused["flush_seconds"]
+        result.rows.append(Row("flush cost", f"same, {max(sizes):,} stacks, Python's cyclic GC paused in the flush: ms",
+                               f"{f['median'] * 1000:.1f}", f"{f['min'] * 1000:.1f}..{f['max'] * 1000:.1f}",
+                               shared=busy, note="diagnostic: the share of garbage collection"))
+    for n, v in nodes.items():
+        f = v["flush_cpu_seconds"]
+        result.rows.append(Row("flush cost", f"Pipeline.flush, {n:,} processes of one stack, in-memory maps: ms of CPU",
+                               f"{f['median'] * 1000:.1f}", f"{f['min'] * 1000:.1f}..{f['max'] * 1000:.1f}",
+                               shared=busy, note=f"{f['median'] / n * 1e6:.1f} us per process; each blocked twice "
+                                                 "between flushes and at the flush (bench/scale.py's sleepers)"))
     has_prom = any(v["prometheus_render_seconds"] for v in per.values())
     for n, v in per.items():
         f = v["flush_seconds"]
@@ -399,12 +468,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between flushes")
     parser.add_argument("--rate", type=float, default=10_000,
                         help="workload round trips per second (all 10,000 stacks in one second)")
+    parser.add_argument("--processes", default="2000,10000",
+                        help="comma-separated process counts for the in-memory node part (empty: skipped)")
     parser.add_argument("--profile", action="store_true", help="cProfile the last flush of the largest size")
     parser.add_argument("--out", help="results as JSON")
     parser.add_argument("--table", help="results as a Markdown table")
     options = parser.parse_args(argv)
     sizes = [int(x) for x in options.stacks.split(",") if x]
-    result = measure(sizes, options.flushes, options.interval, options.profile, options.rate)
+    nodes = [int(x) for x in options.processes.split(",") if x]
+    result = measure(sizes, options.flushes, options.interval, options.profile, options.rate, nodes)
     write_outputs([result], options.out, options.table)
     return 0
 

@@ -5,7 +5,8 @@
  *  - OFFCPU_ATTACH_KPROBE: a kprobe on finish_task_switch(prev), SkyWalking Rover's and bcc
  *    offcputime's hook. It runs in the task that is switched in, so the stack captured there is
  *    the stack it blocked on, and the block's length is known before the capture is decided.
- *    Reads prev's task_struct: needs headers that match the kernel.
+ *    Reads prev's task_struct at the offsets of the running kernel's BTF (TASK_*_OFFSET), so any
+ *    headers do; without BTF at the headers' offsets, which must then match the kernel.
  *  - OFFCPU_ATTACH_TRACEPOINT: sched:sched_switch, where current is still prev: the stack is
  *    captured at switch-out and the time is charged at switch-in (next_pid). Uses only the
  *    tracepoint's own fields, so it is exact with any headers.
@@ -30,8 +31,8 @@
  * Set by the loader with -D: OFFCPU_ATTACH_*, OFFCPU_UNWIND, PER_THREAD, WATCH_ALL, FOLLOW_CHILDREN,
  * MIN_BLOCK_NS, MAX_BLOCK_NS, STACK_SAMPLING, SAMPLE_WINDOW_NS, THREAD_BUDGET, CPU_BUDGET,
  * LONG_BLOCK_NS, STOLEN_MIN_NS, the map sizes MAX_TARGETS, MAX_THREADS, MAX_COUNTS, STACK_STORAGE,
- * MAX_HIST, and where BTF has them TASK_PID_OFFSET (raw tracepoint), TASK_LOAD_BIT (kprobe) and
- * TASK_SE_RUNTIME_OFFSET and TASK_SWITCHES_OFFSET.
+ * MAX_HIST, and where BTF has them task_struct's layout (TASK_PID_OFFSET, TASK_TGID_OFFSET,
+ * TASK_STATE_OFFSET and _SIZE, TASK_LOAD_BIT, TASK_SE_RUNTIME_OFFSET, TASK_SWITCHES_OFFSET).
  */
 #include <uapi/linux/ptrace.h>
 #include <linux/sched.h>
@@ -553,17 +554,47 @@ static __always_inline void prev_leaves(void *ctx, void *task, u32 tid, u32 tgid
 		switch_out(ctx, tid, tgid, reason, now, ctl, capture);
 }
 
-#ifdef OFFCPU_ATTACH_KPROBE
-/* Raw task state (task_struct::__state since 5.14) to a reason. prev may already be being woken
- * on another CPU while this runs: try_to_wake_up() sets TASK_WAKING before it waits for prev to
- * leave the CPU, and the sleep state is gone. The scheduler recorded at the switch whether that
- * sleep counted to the load average (uninterruptible, not TASK_NOLOAD):
- * task_struct::sched_contributes_to_load, a bitfield found through BTF (TASK_LOAD_BIT). */
-static __always_inline u32 reason_of_task_state(struct task_struct *prev, long state)
+/* task_struct::__state bits (include/linux/sched.h), unchanged since 4.14 and written out here
+ * so that no hook depends on the headers bcc compiles against. */
+#define OFFCPU_TASK_INTERRUPTIBLE   0x0001
+#define OFFCPU_TASK_UNINTERRUPTIBLE 0x0002
+#define OFFCPU_TASK_DEAD            0x0080
+#define OFFCPU_TASK_WAKING          0x0200
+#define OFFCPU_TASK_NOLOAD          0x0400
+#define OFFCPU_TASK_RTLOCK_WAIT     0x1000 /* PREEMPT_RT: blocked on a sleeping spinlock (5.15+) */
+#define OFFCPU_TASK_FROZEN          0x8000 /* the freezer (6.1+) */
+
+#if defined(OFFCPU_ATTACH_KPROBE) || defined(OFFCPU_ATTACH_RAW_TRACEPOINT)
+/* A raw task state (what __schedule() read from task_struct::__state) to a reason. The flag bits
+ * (TASK_FREEZABLE, TASK_WAKEKILL) ride on a sleep state and do not change it. A PREEMPT_RT
+ * sleeping-spinlock wait (TASK_RTLOCK_WAIT) and a frozen task go where the kernel's own reports
+ * put them, uninterruptible (__task_state_index() in include/linux/sched.h, what the sched_switch
+ * tracepoint and /proc/PID/stat show): the perf-event tracepoint cannot tell them apart, and a
+ * thread's reasons must not depend on the hook. */
+static __always_inline u32 reason_of_raw_state(u32 state)
 {
 	if (state == 0)
 		return OFFCPU_REASON_RUNNABLE;
-	if (state & TASK_WAKING) {
+	if (state & OFFCPU_TASK_INTERRUPTIBLE)
+		return OFFCPU_REASON_SLEEPING;
+	if ((state & OFFCPU_TASK_UNINTERRUPTIBLE) && (state & OFFCPU_TASK_NOLOAD))
+		return OFFCPU_REASON_SLEEPING; /* TASK_IDLE */
+	if (state & (OFFCPU_TASK_UNINTERRUPTIBLE | OFFCPU_TASK_RTLOCK_WAIT | OFFCPU_TASK_FROZEN))
+		return OFFCPU_REASON_UNINTERRUPTIBLE;
+	return OFFCPU_REASON_OTHER; /* stopped, traced, parked, dead */
+}
+#endif
+
+#ifdef OFFCPU_ATTACH_KPROBE
+/* prev may already be being woken on another CPU while this runs: try_to_wake_up() sets
+ * TASK_WAKING before it waits for prev to leave the CPU, and the sleep state is gone. The
+ * scheduler recorded at the switch whether that sleep counted to the load average
+ * (uninterruptible, not TASK_NOLOAD): task_struct::sched_contributes_to_load, a bitfield found
+ * through BTF (TASK_LOAD_BIT). (A PREEMPT_RT lock wait does not count to the load: woken during
+ * its switch, it counts as sleeping.) */
+static __always_inline u32 reason_of_task_state(struct task_struct *prev, u32 state)
+{
+	if (state & OFFCPU_TASK_WAKING) {
 #ifdef TASK_LOAD_BIT
 		u32 word = 0;
 		bpf_probe_read_kernel(&word, sizeof(word), (void *)prev + (TASK_LOAD_BIT / 32) * 4);
@@ -572,13 +603,39 @@ static __always_inline u32 reason_of_task_state(struct task_struct *prev, long s
 #endif
 		return OFFCPU_REASON_SLEEPING;
 	}
-	if (state & TASK_INTERRUPTIBLE)
-		return OFFCPU_REASON_SLEEPING;
-	if ((state & TASK_UNINTERRUPTIBLE) && (state & TASK_NOLOAD))
-		return OFFCPU_REASON_SLEEPING; /* TASK_IDLE */
-	if (state & TASK_UNINTERRUPTIBLE)
-		return OFFCPU_REASON_UNINTERRUPTIBLE;
-	return OFFCPU_REASON_OTHER;
+	return reason_of_raw_state(state);
+}
+
+/* prev's tid, tgid and state. With BTF (TASK_*_OFFSET from the loader, offcpu_exporter/probe/
+ * task_layout.py) at this kernel's offsets, whatever headers bcc compiled against; without it
+ * at the headers' (which must then match the kernel). */
+struct prev_task {
+	u32 pid;
+	u32 tgid;
+	u32 state;
+};
+
+static __always_inline void read_prev(struct task_struct *prev, struct prev_task *t)
+{
+#ifdef TASK_TGID_OFFSET
+	bpf_probe_read_kernel(&t->pid, sizeof(t->pid), (void *)prev + TASK_PID_OFFSET);
+	bpf_probe_read_kernel(&t->tgid, sizeof(t->tgid), (void *)prev + TASK_TGID_OFFSET);
+#if TASK_STATE_SIZE == 8
+	u64 state = 0; /* `volatile long state` before 5.14 */
+	bpf_probe_read_kernel(&state, sizeof(state), (void *)prev + TASK_STATE_OFFSET);
+	t->state = state;
+#else
+	bpf_probe_read_kernel(&t->state, sizeof(t->state), (void *)prev + TASK_STATE_OFFSET);
+#endif
+#else
+	t->pid = prev->pid;
+	t->tgid = prev->tgid;
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(5, 14, 0)
+	t->state = prev->__state;
+#else
+	t->state = prev->state;
+#endif
+#endif
 }
 
 /* kprobe mode: current has just been switched in and its stacks are the ones it blocked in. Which
@@ -620,16 +677,11 @@ int offcpu_finish_task_switch(struct pt_regs *ctx, struct task_struct *prev)
 		run_starts((void *)bpf_get_current_task(), tid, now);
 	}
 
-	u32 prev_tgid = prev->tgid;
-
-#if LINUX_VERSION_CODE >= KERNEL_VERSION(5, 14, 0)
-	long state = prev->__state;
-#else
-	long state = prev->state;
-#endif
-	int dead = (state & TASK_DEAD) != 0;
-	if (dead || is_target(prev_tgid))
-		prev_leaves(ctx, prev, prev->pid, prev_tgid, dead, reason_of_task_state(prev, state), now, 0);
+	struct prev_task t = {};
+	read_prev(prev, &t);
+	int dead = (t.state & OFFCPU_TASK_DEAD) != 0;
+	if (dead || is_target(t.tgid))
+		prev_leaves(ctx, prev, t.pid, t.tgid, dead, reason_of_task_state(prev, t.state), now, 0);
 	return OFFCPU_KEEP_EVENT;
 }
 #endif
@@ -722,20 +774,6 @@ TRACEPOINT_PROBE(task, task_rename)
 #ifdef OFFCPU_ATTACH_RAW_TRACEPOINT
 /* TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int
  * prev_state): prev_state is the raw task state (since 5.18), preempt says it was preempted. */
-#define RAW_TASK_DEAD 0x0080
-static __always_inline u32 reason_of_raw_state(u64 preempt, u64 state)
-{
-	if (preempt || (state & 0xff) == 0)
-		return OFFCPU_REASON_RUNNABLE;
-	if (state & 0x0001) /* TASK_INTERRUPTIBLE */
-		return OFFCPU_REASON_SLEEPING;
-	if ((state & 0x0002) && (state & 0x0400)) /* TASK_IDLE = UNINTERRUPTIBLE | NOLOAD */
-		return OFFCPU_REASON_SLEEPING;
-	if (state & 0x0002)
-		return OFFCPU_REASON_UNINTERRUPTIBLE;
-	return OFFCPU_REASON_OTHER;
-}
-
 RAW_TRACEPOINT_PROBE(sched_switch)
 {
 	u64 now = 0; /* read only when a watched thread is involved: most switches are of others */
@@ -755,9 +793,10 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 
 	u64 preempt = ctx->args[0], state = ctx->args[3];
 	void *prev = (void *)ctx->args[1];
-	int dead = !preempt && (state & RAW_TASK_DEAD); /* do_task_dead(): its last switch */
+	int dead = !preempt && (state & OFFCPU_TASK_DEAD); /* do_task_dead(): its last switch */
 	if (dead || is_target(tgid))
-		prev_leaves(ctx, prev, (u32)id, tgid, dead, reason_of_raw_state(preempt, state), now, 1);
+		prev_leaves(ctx, prev, (u32)id, tgid, dead, preempt ? OFFCPU_REASON_RUNNABLE : reason_of_raw_state(state),
+			    now, 1);
 	return OFFCPU_KEEP_EVENT; /* ignored for raw tracepoints; kept alike */
 }
 #endif

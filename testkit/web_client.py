@@ -1,5 +1,6 @@
-"""A client of the exporter's web server for tests: GET over (TLS) loopback, raw exchanges, a basic
-authentication header, and routes that serve a fixed /metrics body and a /debug/slow that waits."""
+"""A client of the exporter's web server for tests: GET over (TLS) loopback, raw exchanges, basic
+authentication (the header, and a --web.config.file with users), and routes that serve a fixed
+/metrics body and a /debug/slow that waits."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import http.client
 import socket
 import ssl
 import threading
+
+import bcrypt
 
 from offcpu_exporter.web import Request, Response, Routes
 from offcpu_exporter.web.server import WebServer
@@ -63,3 +66,12 @@ def raw_exchange(port: int, data: bytes, timeout: float = 5) -> bytes:
 
 def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def hashed(password: str) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()  # cost 4: fast tests
+
+
+def users_yaml(users: dict[str, str]) -> str:
+    """A --web.config.file allowing `users` (name -> password) with basic authentication."""
+    return "basic_auth_users:\n" + "".join(f"  {u}: '{hashed(p)}'\n" for u, p in users.items())

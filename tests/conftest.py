@@ -1,7 +1,8 @@
 """Kernel tests (`@pytest.mark.kernel`) load the real probe; root tests (`@pytest.mark.root`) read
 what only root may (real kallsyms addresses). Where they cannot run (no root, no BPF) they fail, so
 that CI never passes without them; a developer without root skips them explicitly with
-OFFCPU_SKIP_KERNEL=1 (ignored when CI is set)."""
+OFFCPU_SKIP_KERNEL=1 (ignored when CI is set). `@pytest.mark.rt_kernel` tests run on PREEMPT_RT
+kernels only."""
 
 from __future__ import annotations
 
@@ -27,6 +28,17 @@ def _unavailable(probe: bool) -> str | None:
     except ImportError:
         return "bcc is not importable (run scripts/setup and use .venv/bin/python)"
     return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of a PREEMPT_RT kernel's own behaviour (`@pytest.mark.rt_kernel`) are deselected on
+    other kernels: the kernel matrix runs them in its 6.12-rt legs, where they must pass."""
+    if "PREEMPT_RT" in os.uname().version:
+        return
+    rt_only = [item for item in items if item.get_closest_marker("rt_kernel") is not None]
+    if rt_only:
+        config.hook.pytest_deselected(items=rt_only)
+        items[:] = [item for item in items if item.get_closest_marker("rt_kernel") is None]
 
 
 @pytest.fixture(autouse=True)

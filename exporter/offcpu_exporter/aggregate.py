@@ -1,7 +1,8 @@
 """Turns what the kernel counted into snapshots: one flush reads the counters (counters.py) and the
 blocks in progress (in_progress.py), splits each thread's figures over its stacks (groups.py),
-names the stacks (stack_names.py), adds the increases to the totals, and builds the snapshot from
-the totals, the histograms (histograms.py) and the probe's health (health_report.py).
+names the stacks (stack_names.py), adds the increases to the totals (stack_rows.py), and builds
+the snapshot from the totals, the histograms (histograms.py) and the probe's health
+(health_report.py).
 
 Totals are keyed by the *symbolized* stack (kernel stack ids are ephemeral), values are never
 truncated, and lost stacks are kept as placeholder frames.
@@ -35,18 +36,21 @@ from offcpu_exporter.snapshot import (
     ProcessView,
     Reason,
     Snapshot,
-    Stack,
-    StackSample,
     ThreadView,
     Where,
 )
 from offcpu_exporter.stack_names import StackNames, Symbolizer, lost_halves
+from offcpu_exporter.stack_rows import StackRows
 from offcpu_exporter.targets import ProcessTable
 from offcpu_exporter.wall_bound import WallTimeBound
 
 __all__ = ["AggregateConfig", "Aggregator"]
 
 _REASONS = {r.value: r for r in Reason}  # a dict lookup; Reason(value) is a slow Enum call
+# Shared by every view without blocked threads or without threads apart (no --per-thread): made
+# once instead of for every process at every flush.
+_NOTHING_BLOCKED: Mapping[Reason, Blocked] = MappingProxyType({})
+_NO_THREADS: Mapping[int, ThreadView] = MappingProxyType({})
 
 # A snapshot is published at most this long after the moment its figures are counted up to (see
 # flush()), unless that many passes in a row each take longer.
@@ -60,9 +64,6 @@ class AggregateConfig:
     high_water: float = 0.8  # counts-map fill at which every unchanged key is drained
     exited_grace_seconds: float = 60.0  # how long an exited process stays in snapshots
     thread_names: bool = True
-
-
-_RowKey = tuple[ProcessKey, int, Reason, Stack]
 
 
 class _ViewParts(NamedTuple):
@@ -93,13 +94,13 @@ class Aggregator:
         self.rollups = Rollups()
         self.histograms = Histograms(probe, processes, self.rollups)
         self._health = HealthReport(probe, symbolizer, processes, self.in_progress, self.wall_bound)
-        self._totals: dict[_RowKey, Counter] = {}
-        # Sums of _totals kept as they change, and the samples of the last snapshot: a snapshot
+        self._rows = StackRows()  # totals per stack, the next snapshot's increases, the last one's samples
+        # Sums of the rows' totals kept as they change, and the views of the last snapshot: a snapshot
         # builds anew only what changed (thousands of processes, most unchanged at each flush).
         self._process_totals: dict[ProcessKey, dict[Reason, Counter]] = {}
         self._thread_totals: dict[ProcessKey, dict[int, dict[Reason, Counter]]] = {}
-        self._samples: dict[_RowKey, StackSample] = {}
         self._views: dict[ProcessKey, _ViewParts] = {}
+        self._counted: set[ProcessKey] = set()  # processes with an increase in the next snapshot
         self._infos_version = -1  # the process table's version _infos has every watched process of
         self._thread_names: dict[tuple[int, int], str] = {}
         self._lost: dict[LostHalf, int] = {}
@@ -109,7 +110,6 @@ class Aggregator:
         self._sequence = 0
         self._children: dict[int, tuple[int, int, str]] = {}
         self._infos: dict[ProcessKey, ProcessInfo] = {}
-        self._carried: dict[_RowKey, Counter] = {}  # increases taken between flushes (process_replaced)
 
     # -- one flush -------------------------------------------------------------------------
 
@@ -121,7 +121,6 @@ class Aggregator:
             # Counting began when the probe was attached, not when this object was made.
             self.start_time_ns = self._last_time_ns = self.probe.attached_wall_ns
         window_end = final or until_ns is not None
-        increases, self._carried = self._carried, {}
         for _ in range(_MAX_PASSES):
             self.stacks.naming_ns = 0
             now_k = ktime_ns()
@@ -131,7 +130,7 @@ class Aggregator:
             if window_end:
                 self.probe.set_cutoff(at)
             at_wall = wall_ns_at(at)  # a window's wall duration is the kernel time it counts
-            in_map, blocked = self._count(at, increases)
+            in_map, blocked = self._count(at)
             # A pass that names many new stacks (a large binary's symbols read for the first time)
             # takes seconds: its figures are as of its start. Published that late, they would be
             # read as the figures of the moment they appear, and a window between such a snapshot
@@ -147,16 +146,16 @@ class Aggregator:
         referenced = self.counters.stack_ids()
         referenced |= {b.user_stack for b in blocked.values()} | {b.kernel_stack for b in blocked.values()}
         self.stacks.collect(in_map, referenced)
-        expired = self._expire_processes(active={k[0] for k in increases})
-        snapshot = self._snapshot(increases, blocked, expired, time.perf_counter() - t0, at_wall, at)
+        expired = self._expire_processes(active=self._counted)
+        snapshot = self._snapshot(blocked, expired, time.perf_counter() - t0, at_wall, at)
         if window_end:
             # The probe may outlive this pipeline (a probe shared by several): it counts again.
             self.probe.set_cutoff(0)
         return snapshot
 
-    def _count(self, at: int, increases: dict[_RowKey, Counter]) -> tuple[set[int], dict[int, StartEntry]]:
+    def _count(self, at: int) -> tuple[set[int], dict[int, StartEntry]]:
         """One pass: what the kernel counted since the last pass and the blocks in progress up to
-        `at`, added to the totals and to `increases`. Returns the stack ids in the map before the
+        `at`, added to the totals and to the next snapshot's increases. Returns the stack ids in the map before the
         reads and the blocks in progress after them."""
         groups: dict[GroupKey, Group] = {}
         # The stack map first: a stack in it now was stored before the start entry or counter that
@@ -174,12 +173,11 @@ class Aggregator:
             add_row(groups, key, inc)
         self.wall_bound.check(groups, read_at)
         for gkey, group in groups.items():
-            self._account(gkey, group, increases)
+            self._account(gkey, group)
         self.wall_bound.passed(at)
         return in_map, blocked
 
-    def _account(self, gkey: GroupKey, group: Group, increases: dict[_RowKey, Counter],
-                 owner: ProcessInfo | None = None) -> None:
+    def _account(self, gkey: GroupKey, group: Group, owner: ProcessInfo | None = None) -> None:
         """Adds a group's increase to the totals, split over its stacks; to `owner` instead of the
         process that holds the tgid now when given."""
         tgid, tid, reason_value = gkey
@@ -193,7 +191,7 @@ class Aggregator:
         reason = _REASONS.get(reason_value, Reason.OTHER)
         rows = group.split()
         pkey = info.key
-        totals = self._totals
+        add = self._rows.add
         by_reason: dict[Reason, Counter] | None = None
         of_thread: dict[Reason, Counter] | None = None
         for (user_id, kernel_id), inc in rows:
@@ -204,16 +202,14 @@ class Aggregator:
                 if tid:
                     of_thread = self._thread_totals.setdefault(pkey, {}).setdefault(tid, {})
             stack = self.stacks.stack(symbol_pid, user_id, kernel_id)
-            key = (pkey, tid, reason, stack)
-            totals[key] = totals.get(key, ZERO) + inc
-            increases[key] = increases.get(key, ZERO) + inc
+            add((pkey, tid, reason, stack), inc)
             by_reason[reason] = by_reason.get(reason, ZERO) + inc
             if of_thread is not None:
                 of_thread[reason] = of_thread.get(reason, ZERO) + inc
             for lost in lost_halves(user_id, kernel_id, stack):
                 self._lost[lost] = self._lost.get(lost, 0) + inc.count
         if by_reason is not None:
-            self._views.pop(pkey, None)
+            self._counted.add(pkey)  # its view is made again
             self.rollups.add(info.where, reason, group.blocks, group.ns)  # (the rows' sum)
         if tid and self.config.thread_names and (tgid, tid) not in self._thread_names:
             self._thread_names[(tgid, tid)] = _thread_name(self.proc_root, tgid, tid)
@@ -245,7 +241,7 @@ class Aggregator:
         if info is not None:  # else past its grace already: its series are gone, and stay gone
             # Reported as part of the next snapshot's increase (what outputs of increases sum).
             for gkey, group in groups.items():
-                self._account(gkey, group, self._carried, owner=info)
+                self._account(gkey, group, owner=info)
         self.histograms.take(pid, info)
         self.stacks.forget_process(pid)
 
@@ -261,9 +257,7 @@ class Aggregator:
         if not gone:
             return gone
         keys = {info.key for info in gone}
-        for k in [k for k in self._totals if k[0] in keys]:
-            del self._totals[k]
-            self._samples.pop(k, None)
+        self._rows.forget(keys)
         for pkey in keys:
             self._process_totals.pop(pkey, None)
             self._thread_totals.pop(pkey, None)
@@ -285,29 +279,14 @@ class Aggregator:
 
     # -- the snapshot ----------------------------------------------------------------------
 
-    def _snapshot(self, increases: dict[_RowKey, Counter], blocked: dict[int, StartEntry],
-                  expired: list[ProcessInfo], duration: float, now_ns: int, at_ktime: int) -> Snapshot:
+    def _snapshot(self, blocked: dict[int, StartEntry], expired: list[ProcessInfo], duration: float, now_ns: int,
+                  at_ktime: int) -> Snapshot:
         self._sequence += 1
         self._flushes += 1
-        samples = []
-        cache = self._samples
-        for key, total in self._totals.items():
-            increase = increases.get(key, ZERO)
-            sample = cache.get(key)
-            # Reused when neither changed: the same total object, and no increase now or before.
-            if sample is None or sample.total is not total or increase is not ZERO or sample.increase is not ZERO:
-                pkey, tid, reason, stack = key
-                cache[key] = sample = StackSample(
-                    process=pkey,
-                    tid=tid,
-                    thread_name=self._thread_names.get((pkey.pid, tid), "") if tid else "",
-                    reason=reason,
-                    stack=stack,
-                    total=total,
-                    increase=increase,
-                )
-            samples.append(sample)
-
+        samples = self._rows.samples(self._thread_names)
+        for pkey in self._counted:
+            self._views.pop(pkey, None)
+        self._counted = set()
         hist_entries = self.histograms.read()
         if self.processes.version != self._infos_version:
             self._infos_version = self.processes.version
@@ -324,10 +303,10 @@ class Aggregator:
             parts = self._views.get(pkey)
             if parts is None:
                 parts = self._views[pkey] = self._view_parts(pkey)
-            slots = self.histograms.get(pkey)
+            now = off_cpu.get(pkey)
             views[pkey] = ProcessView(info=info, total=parts.total, by_reason=parts.by_reason,
-                                      histogram=tuple(slots) if slots else (),
-                                      blocked=MappingProxyType(off_cpu.get(pkey, {})),
+                                      histogram=self.histograms.get(pkey),
+                                      blocked=_NOTHING_BLOCKED if now is None else MappingProxyType(now),
                                       threads=parts.threads)
 
         health = self._health_now(duration, counts=len(self.counters), start=len(blocked), hist=hist_entries)
@@ -349,12 +328,12 @@ class Aggregator:
         """A process's totals as a snapshot shows them, made again only after they changed."""
         by_reason = self._process_totals.get(pkey, {})
         of_threads = self._thread_totals.get(pkey)
-        threads = {
+        threads = MappingProxyType({
             tid: ThreadView(tid, self._thread_names.get((pkey.pid, tid), ""), _sum(of_thread.values()),
                             MappingProxyType(dict(of_thread)))
             for tid, of_thread in of_threads.items()
-        } if of_threads else {}
-        return _ViewParts(_sum(by_reason.values()), MappingProxyType(dict(by_reason)), MappingProxyType(threads))
+        }) if of_threads else _NO_THREADS
+        return _ViewParts(_sum(by_reason.values()), MappingProxyType(dict(by_reason)), threads)
 
     def _health_now(self, duration: float, **sizes_known: int) -> Health:
         if self.stacks.entries is not None:

@@ -70,10 +70,14 @@ def run_doctor(attach: str = "auto", load: bool = False, out: TextIO = sys.stdou
         _line(out, False, "kernel headers", "none: run scripts/setup (installs linux-headers)")
     elif facts.headers_match:
         _line(out, True, "kernel headers", f"{facts.headers_dir} ({facts.headers_release})")
+    elif facts.task_layout_btf:
+        _line(out, True, "kernel headers",
+              f"{facts.headers_release} at {facts.headers_dir}, not {facts.release}'s: enough, task_struct's "
+              "layout is read from BTF")
     else:
         _line(out, None, "kernel headers",
-              f"{facts.headers_release} at {facts.headers_dir} do not match {facts.release}: tracepoint mode is "
-              "exact, kprobe mode may read task_struct wrongly")
+              f"{facts.headers_release} at {facts.headers_dir} do not match {facts.release} and there is no BTF: "
+              "tracepoint mode is exact, kprobe mode may read task_struct wrongly")
     mode, why = facts.auto_attach()
     chosen = mode if attach == "auto" else attach
     out.write(f"attach mode: {chosen}" + (f" (auto: {why})" if attach == "auto" else " (asked for)") + "\n")

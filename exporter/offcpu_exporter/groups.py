@@ -43,6 +43,16 @@ class Group:
     def split(self) -> list[tuple[StackIds, Counter]]:
         """The exact increase over the stacks, in proportion to their weights; the rest (blocks no
         captured stack carries) under NOT_SAMPLED."""
+        if len(self.stacks) == 1:
+            # Most groups (a thread or process blocking at one place): apportion() of one weight
+            # gives all or nothing, without its lists.
+            ((only, (weighted_blocks, weighted_ns)),) = self.stacks.items()
+            its_blocks = self.blocks if self.blocks > 0 and weighted_blocks > 0 else 0
+            its_ns = self.ns if self.ns > 0 and weighted_ns > 0 else 0
+            one = [(only, Counter(its_blocks, its_ns))]
+            if its_blocks != self.blocks or its_ns != self.ns:
+                one.append((NOT_SAMPLED, Counter(self.blocks - its_blocks, self.ns - its_ns)))
+            return one
         ids = list(self.stacks)
         blocks = apportion(self.blocks, [self.stacks[i][0] for i in ids])
         nss = apportion(self.ns, [self.stacks[i][1] for i in ids])

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.maps import KernelMaps
 from offcpu_exporter.rollup import Rollups
-from offcpu_exporter.snapshot import ProcessInfo, ProcessKey
+from offcpu_exporter.snapshot import ProcessInfo, ProcessKey, Where
 from offcpu_exporter.targets import ProcessTable
 
 __all__ = ["Histograms"]
@@ -22,36 +22,72 @@ class Histograms:
         self.rollups = rollups
         self._totals: dict[ProcessKey, list[int]] = {}  # cumulative block counts per duration slot
         self._read: dict[int, list[int]] = {}  # tgid -> the kernel's slots at the last read
+        # The totals as snapshots show them, made again only after they grew: most processes on a
+        # node block at no time between two flushes.
+        self._shown: dict[ProcessKey, tuple[int, ...]] = {}
 
-    def get(self, pkey: ProcessKey) -> list[int] | None:
-        return self._totals.get(pkey)
+    def get(self, pkey: ProcessKey) -> tuple[int, ...]:
+        """A process's cumulative counts per slot; () when it has none."""
+        shown = self._shown.get(pkey)
+        if shown is None:
+            total = self._totals.get(pkey)
+            shown = self._shown[pkey] = tuple(total) if total else ()
+        return shown
 
     def add(self, info: ProcessInfo, tgid: int, slots: list[int]) -> None:
         """`slots`, the kernel's cumulative figures of `tgid`, whose increase is `info`'s."""
+        inc = self._increase(info, tgid, slots)
+        if inc is not None:
+            self.rollups.add_blocks(info.where, inc)
+
+    def _increase(self, info: ProcessInfo, tgid: int, slots: list[int]) -> list[int] | None:
+        """Adds the increase of `tgid`'s `slots` since the last read to `info`'s totals, and returns
+        it (None when there is none)."""
         last = self._read.get(tgid)
         self._read[tgid] = slots
         if last is None:
             inc = slots
         elif slots == last:
-            return
+            return None
         else:
             # In C (map, min): every process's histogram is read at every flush.
             inc = list(map(operator.sub, slots, last))
             if min(inc) < 0:
                 inc = slots  # deleted and re-created since
-        if any(inc):
-            total = self._totals.setdefault(info.key, [0] * layout.HIST_SLOTS)
-            total[:] = map(operator.add, total, inc)
-            self.rollups.add_blocks(info.where, inc)
+        if not any(inc):
+            return None
+        total = self._totals.get(info.key)
+        if total is None:
+            total = self._totals[info.key] = [0] * layout.HIST_SLOTS
+        total[:] = map(operator.add, total, inc)
+        self._shown.pop(info.key, None)
+        return inc
 
     def read(self) -> int:
         """Reads every process's slots; returns how many entries the kernel's map holds (what
         map_sizes() would otherwise count with a system call per entry)."""
         hist = self.probe.read_hist()
+        latest = self.processes.latest
+        # Summed per container first, then into the rollups once per container: thousands of
+        # processes' histograms grow at every flush, in a handful of containers.
+        growth: dict[Where, list[int]] = {}
         for tgid, slots in hist.items():
-            holder = self.processes.latest(tgid)
-            if holder is not None:
-                self.add(holder, tgid, slots)
+            holder = latest(tgid)
+            if holder is None:
+                continue
+            inc = self._increase(holder, tgid, slots)
+            if inc is None:
+                continue
+            where = holder.where
+            summed = growth.get(where)
+            if summed is None:
+                growth[where] = list(inc)  # a copy: `inc` may be the slots kept as last read
+            elif len(summed) == len(inc):
+                summed[:] = map(operator.add, summed, inc)
+            else:
+                self.rollups.add_blocks(where, inc)  # (slots of another length: added alone)
+        for where, inc in growth.items():
+            self.rollups.add_blocks(where, inc)
         return len(hist)
 
     def take(self, tgid: int, owner: ProcessInfo | None) -> None:
@@ -65,3 +101,4 @@ class Histograms:
     def forget(self, keys: Iterable[ProcessKey]) -> None:
         for key in keys:
             self._totals.pop(key, None)
+            self._shown.pop(key, None)

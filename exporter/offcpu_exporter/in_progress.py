@@ -26,6 +26,7 @@ block that is seeded: a thread that ran in between has its seeded block taken ba
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -57,6 +58,10 @@ class Credit(NamedTuple):
     tid: int
     block: StartEntry
     ns: int
+
+
+# Credit(...) without the Python frame of a NamedTuple's __new__: one per blocked thread per flush.
+_AS_CREDIT = functools.partial(tuple.__new__, Credit)
 
 
 class InProgress:
@@ -103,7 +108,7 @@ class InProgress:
             previous = counted.get(tid)
             since = previous[1] if previous is not None and previous[0] == ts_ns else ts_ns
             if at_ns > since:
-                credits.append(Credit(tid, block, at_ns - since))
+                credits.append(_AS_CREDIT((tid, block, at_ns - since)))
         probe.delete_marks(stale)
         probe.set_marks_active(bool(still))
         return credits, after

@@ -233,6 +233,7 @@ class Pipeline:
                 requested = self._flush_requests
                 self._flush_requests = 0
             if requested or now >= next_flush:
+                self.cycles.before_flush()
                 try:
                     self.flush()
                 except Exception:

@@ -104,15 +104,17 @@ class StackNames:
         self.entries: int | None = None  # stack-map entries left by the last collect()
         self._collects = 0  # ages below are counted in collect() calls: one per flush
         self._kernel_stacks: dict[int, tuple[Frame, ...]] = {}
-        self._user_stacks: dict[tuple[int, int], tuple[Frame, ...]] = {}
+        # User halves by pid, then by stack id: what a process's exit or exec drops is found without
+        # a pass over every process's stacks (thousands of processes, a few exits every flush).
+        self._user_stacks: dict[int, dict[int, tuple[Frame, ...]]] = {}
         self._used: dict[int, int] = {}  # stack id -> the collect that last named a stack with it
         self._freed: dict[int, tuple[tuple[int, ...], int]] = {}  # id -> (addresses, collect freed at)
         # (pid, user stack id) -> (symbolizer generation it was named at, give up after)
         self._unresolved: dict[tuple[int, int], tuple[int, float]] = {}
         self._retry_due: dict[int, tuple[float, float]] = {}  # pid -> (next re-read, the delay after it)
-        # (symbol pid, user stack id, kernel stack id) -> the Stack made of the two cached halves:
+        # symbol pid -> (user stack id, kernel stack id) -> the Stack made of the two cached halves:
         # the same object (and its cached hash) every flush, instead of a new one per changed key.
-        self._stacks: dict[tuple[int, int, int], Stack] = {}
+        self._stacks: dict[int, dict[StackIds, Stack]] = {}
         # Processes with a user stack that stops before its thread's root (a frame-pointer walk
         # through code built without them): the pipeline may have their unwind tables built.
         self._truncated: set[int] = set()
@@ -122,14 +124,15 @@ class StackNames:
         special = _SPECIAL_STACKS.get((user_id, kernel_id))
         if special is not None:
             return special
-        key = (pid, user_id, kernel_id)
         self._used[user_id] = self._used[kernel_id] = self._collects
-        stack = self._stacks.get(key)
-        if stack is not None:
-            return stack
+        named = self._stacks.get(pid)
+        if named is not None:
+            stack = named.get((user_id, kernel_id))
+            if stack is not None:
+                return stack
         stack = Stack(self._user_frames(pid, user_id), self._kernel_frames(kernel_id))
-        if (pid, user_id) in self._user_stacks and kernel_id in self._kernel_stacks:
-            self._stacks[key] = stack
+        if user_id in self._user_stacks.get(pid, ()) and kernel_id in self._kernel_stacks:
+            self._stacks.setdefault(pid, {})[(user_id, kernel_id)] = stack
         return stack
 
     def take_truncated(self) -> set[int]:
@@ -175,7 +178,8 @@ class StackNames:
         special = self._special_half(stack_id)
         if special is not None:
             return special
-        frames = self._user_stacks.get((pid, stack_id))
+        of_pid = self._user_stacks.get(pid)
+        frames = of_pid.get(stack_id) if of_pid is not None else None
         if frames is None:
             addresses = self._addresses(stack_id)
             if addresses is None:
@@ -187,7 +191,7 @@ class StackNames:
             self.naming_ns += time.perf_counter_ns() - t0
             if not reaches_root(frames):
                 self._truncated.add(pid)
-            self._user_stacks[(pid, stack_id)] = frames
+            self._user_stacks.setdefault(pid, {})[stack_id] = frames
             if _UNMAPPED in frames:
                 self._unresolved[(pid, stack_id)] = (generation, time.monotonic() + _UNRESOLVED_WINDOW_SECONDS)
         return frames
@@ -220,21 +224,25 @@ class StackNames:
         for sid in ids:
             self._kernel_stacks.pop(sid, None)
             self._used.pop(sid, None)
-        for key in [k for k in self._user_stacks if k[1] in ids]:
-            del self._user_stacks[key]
-            self._unresolved.pop(key, None)
-        for skey in [k for k in self._stacks if k[1] in ids or k[2] in ids]:
-            del self._stacks[skey]
+        for pid, of_pid in list(self._user_stacks.items()):
+            for sid in [s for s in of_pid if s in ids]:
+                del of_pid[sid]
+                self._unresolved.pop((pid, sid), None)
+            if not of_pid:
+                del self._user_stacks[pid]
+        for pid, named in list(self._stacks.items()):
+            for pair in [p for p in named if p[0] in ids or p[1] in ids]:
+                del named[pair]
+            if not named:
+                del self._stacks[pid]
 
     def forget_process(self, pid: int) -> None:
         """Drops what names the user stacks of `pid`: its maps and its named stacks. For a process
         that exec'd (they are the old program's) or expired. Kernel stacks stay."""
         self.symbolizer.forget(pid)
-        for key in [k for k in self._user_stacks if k[0] == pid]:
-            del self._user_stacks[key]
-            self._unresolved.pop(key, None)
-        for skey in [k for k in self._stacks if k[0] == pid]:
-            del self._stacks[skey]
+        for sid in self._user_stacks.pop(pid, {}):
+            self._unresolved.pop((pid, sid), None)
+        self._stacks.pop(pid, None)
 
     def retry_unresolved(self) -> None:
         """Names again the user stacks with an unmapped address of the processes whose mappings
@@ -264,15 +272,17 @@ class StackNames:
                     del self._unresolved[key]
                 continue
             addresses = self._addresses(stack_id)
-            if addresses is None or key not in self._user_stacks:
+            of_pid = self._user_stacks.get(pid)
+            if addresses is None or of_pid is None or stack_id not in of_pid:
                 del self._unresolved[key]
                 continue
             frames = self.symbolizer.user(pid, _call_sites(addresses))
-            if frames != self._user_stacks[key]:
+            if frames != of_pid[stack_id]:
                 # Counts from now on go to the better-named stack; what was counted stays where it was.
-                self._user_stacks[key] = frames
-                for skey in [k for k in self._stacks if k[0] == pid and k[1] == stack_id]:
-                    del self._stacks[skey]
+                of_pid[stack_id] = frames
+                named = self._stacks.get(pid, {})
+                for pair in [p for p in named if p[0] == stack_id]:
+                    del named[pair]
             if _UNMAPPED not in frames or now >= give_up_at:
                 del self._unresolved[key]
             else:

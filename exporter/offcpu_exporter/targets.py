@@ -355,7 +355,8 @@ class ProcessTable:
 
     def info_of(self, key: ProcessKey) -> ProcessInfo | None:
         entry = self._by_pid.get(key.pid)
-        if entry is not None and entry.info.key == key:
+        # (The same object nearly always: compared by identity first, as a dict lookup does.)
+        if entry is not None and (entry.info.key is key or entry.info.key == key):
             return entry.info
         old = self._exited.get(key)
         return old.info if old else None

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from testkit.exporter import ExporterProcess
+from testkit.metrics_page import label_sets
+from testkit.metrics_page import total as metric_total
 from testkit.prometheus_server import SCRAPE_INTERVAL_S, PrometheusServer, scrape_config
 from testkit.workloads import Workload
-from tests.reliability.metrics import label_sets
-from tests.reliability.metrics import total as metric_total
 
 pytestmark = pytest.mark.kernel
 

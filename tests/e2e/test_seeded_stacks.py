@@ -31,8 +31,8 @@ from offcpu_exporter.snapshot import Frame, FrameKind
 from offcpu_exporter.stack_names import reaches_root
 from offcpu_exporter.unwind import TableCache, Unwinder
 from offcpu_exporter.unwind.objects import object_table
+from testkit.gdb import gdb_backtraces
 from testkit.inprocess import ATTACH, FLUSH_TIMEOUT, running_pipeline
-from tests.e2e.unwind.test_unwind_kernel import gdb_backtraces
 
 pytestmark = pytest.mark.kernel
 

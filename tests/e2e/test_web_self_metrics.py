@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from testkit.exporter import ExporterProcess
-from tests.reliability.metrics import total
-from tests.unit.web.test_config_reload import users_yaml
-from tests.unit.web.test_web_server import raw_exchange
+from testkit.metrics_page import total
+from testkit.web_client import raw_exchange, users_yaml
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
 

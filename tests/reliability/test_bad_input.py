@@ -21,8 +21,8 @@ from offcpu_exporter.symbols.elf import ElfFormatError, read_elf
 from offcpu_exporter.symbols.rootfs import resolve_in_root
 from offcpu_exporter.targets import ProcessTable, TargetRules
 from testkit.exporter import ROOT, ExporterProcess
+from testkit.metrics_page import label_sets, total
 from testkit.workloads import Workload, build
-from tests.reliability.metrics import label_sets, total
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from testkit.exporter import ExporterProcess
+from testkit.metrics_page import label_sets, rss_kib, samples, total
 from testkit.workloads import Workload, build
-from tests.reliability.metrics import label_sets, rss_kib, samples, total
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.timeout(240)]
 

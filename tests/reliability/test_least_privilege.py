@@ -14,8 +14,8 @@ from offcpu_exporter.privileges import CAP_NAMES, kept_after_attach
 from offcpu_exporter.probe.facts import current_capabilities
 from testkit.as_nobody import NOBODY
 from testkit.exporter import ROOT, ExporterProcess
+from testkit.metrics_page import total
 from testkit.workloads import Workload
-from tests.reliability.metrics import total
 
 
 def _status(pid: int, tid: int | None = None) -> dict[str, str]:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from testkit.exporter import ExporterProcess
+from testkit.metrics_page import label_sets, samples, total
 from testkit.workloads import build
-from tests.reliability.metrics import label_sets, samples, total
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
 

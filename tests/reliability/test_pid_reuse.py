@@ -11,8 +11,8 @@ import pytest
 from offcpu_exporter.snapshot import ZERO, Snapshot
 from testkit.exporter import ExporterProcess
 from testkit.inprocess import running_pipeline, total, with_function
+from testkit.metrics_page import total as metric_total
 from testkit.workloads import Workload
-from tests.reliability.metrics import total as metric_total
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
 

@@ -12,13 +12,13 @@ import pytest
 
 from offcpu_exporter.formats.delimited import read_messages
 from testkit.exporter import ExporterProcess, free_port
+from testkit.metrics_page import total
 from testkit.otlp_metrics import points
 from testkit.otlp_profiles import decode
 from testkit.otlp_receivers import GrpcReceiver
 from testkit.prometheus_server import PrometheusServer, scrape_config
 from testkit.skywalking_oap import sleep_totals
 from testkit.workloads import Workload
-from tests.reliability.metrics import total
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
 

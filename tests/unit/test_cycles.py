@@ -82,6 +82,37 @@ def test_objects_dropped_while_frozen_are_still_freed(clock: _Clock) -> None:
     assert alive() is None
 
 
+def test_no_collection_runs_during_a_flush(clock: _Clock) -> None:
+    """What a flush builds survives every collection until it is frozen: none runs meanwhile, and
+    the collector runs again after."""
+    pacer = CyclePacer(full_every=600.0, clock=clock)
+    pacer.before_flush()
+    collections = [g["collections"] for g in gc.get_stats()]
+    snapshot = [[i] for i in range(50_000)]
+    assert [g["collections"] for g in gc.get_stats()] == collections
+    pacer.after_flush()
+    assert gc.isenabled()
+    garbage = _cycle()
+    [[i] for i in range(10_000)]  # enough allocations for a young collection
+    gc.collect(0)
+    assert garbage() is None
+    del snapshot
+    pacer.close()
+
+
+def test_a_pacer_leaves_a_collector_that_was_off_off(clock: _Clock) -> None:
+    gc.disable()
+    try:
+        pacer = CyclePacer(full_every=600.0, clock=clock)
+        pacer.before_flush()
+        pacer.after_flush()
+        assert not gc.isenabled()
+        pacer.close()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_the_oldest_generation_is_collected_only_by_the_pacer(clock: _Clock) -> None:
     """A flush's survivors (its snapshot: views, samples, counters) reach the oldest generation;
     however many there are beside the last full collection's, the collector leaves it alone."""

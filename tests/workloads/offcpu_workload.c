@@ -13,6 +13,10 @@
  *   child   forks N short-lived children, each sleeps MS ms once           in offcpu_child_sleep
  *   churn   creates and joins N short-lived threads one after another (--iterations N), each
  *           sleeping MS ms once before it exits                         in offcpu_sleep_ms
+ *   bucket  for N x MS ms, threads take one futex hash bucket's lock as fast as they can (a
+ *           FUTEX_WAIT whose value never matches returns at once, after the lock): on PREEMPT_RT
+ *           that spinlock_t sleeps (TASK_RTLOCK_WAIT) when its holder was preempted
+ *                                                                        in offcpu_futex_bucket
  *
  * With --wait-go it prints "ready <pid>" and waits for a line on stdin before working, so that the
  * probe is attached first. At the end it prints one JSON line: per thread, its tid, the named
@@ -111,6 +115,18 @@ __attribute__((noinline)) long offcpu_lock_wait(atomic_int *word)
 	return ret;
 }
 
+static atomic_int bucket_word; /* stays 0: every wait on it mismatches */
+
+__attribute__((noinline)) long offcpu_futex_bucket(atomic_int *word)
+{
+	long ret;
+	register long r10 __asm__("r10") = 0;
+	__asm__ volatile("syscall" : "=a"(ret)
+			 : "a"(SYS_futex), "D"(word), "S"(FUTEX_WAIT_PRIVATE), "d"(1), "r"(r10)
+			 : "rcx", "r11", "memory");
+	return ret;
+}
+
 __attribute__((noinline)) void offcpu_child_sleep(int ms)
 {
 	offcpu_sleep_ms(ms);
@@ -192,6 +208,19 @@ __attribute__((noinline)) void pipe_worker(struct thread_result *r)
 		r->calls++;
 		if (n <= 0 || c == 'q')
 			break;
+	}
+}
+
+__attribute__((noinline)) void bucket_worker(struct thread_result *r)
+{
+	uint64_t end = now_ns() + (uint64_t)iterations * interval_ms * 1000000ull;
+	while (now_ns() < end) {
+		uint64_t c0 = thread_cpu_ns(), t0 = now_ns();
+		offcpu_futex_bucket(&bucket_word);
+		uint64_t dt = now_ns() - t0, dc = thread_cpu_ns() - c0;
+		r->blocked_ns += dt;
+		r->blocked_off_ns += dt > dc ? dt - dc : 0;
+		r->calls++;
 	}
 }
 
@@ -295,6 +324,9 @@ static void *thread_main(void *arg)
 	} else if (!strcmp(mode, "pipe")) {
 		r->function = "offcpu_pipe_read";
 		pipe_worker(r);
+	} else if (!strcmp(mode, "bucket")) {
+		r->function = "offcpu_futex_bucket";
+		bucket_worker(r);
 	} else {
 		r->function = "offcpu_lock_wait";
 		mutex_worker(r);

@@ -1,5 +1,5 @@
 """The probe's program: bpf/offcpu.bpf.c's text and the compiler flags the config and the kernel
-call for (the hook variant, task_struct offsets read from BTF, the DWARF unwinder's settings), and
+call for (the hook variant, task_struct's layout read from BTF, the DWARF unwinder's settings), and
 its compile and load by bcc."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.btf import BtfError, struct_member_bit_offsets, struct_member_offsets
+from offcpu_exporter.probe.btf import BtfError
 from offcpu_exporter.probe.compiler_memory import release_compiler_memory
 from offcpu_exporter.probe.config import ProbeConfig, ProbeError
 from offcpu_exporter.probe.facts import KernelFacts
+from offcpu_exporter.probe.task_layout import TaskLayout, read_task_layout
 from offcpu_exporter.unwind import UnwindConfig, bpf_text
 
 __all__ = ["Program", "build_program", "import_bcc", "load"]
@@ -46,21 +47,19 @@ def build_program(config: ProbeConfig, facts: KernelFacts, mode: str) -> Program
             f"no kernel headers for {facts.release} under /lib/modules/{facts.release}/build: "
             "run scripts/setup (installs linux-headers or links Debian's generic ones)"
         )
-    if mode == "kprobe" and not facts.headers_match:
+    task = _task_layout(facts)
+    if mode == "kprobe" and task is None and not facts.headers_match:
         log.warning(
-            "kernel headers are %s but the kernel is %s: task_struct offsets may be wrong in kprobe mode",
+            "kernel headers are %s but the kernel is %s, and no BTF: task_struct offsets may be wrong in kprobe mode",
             facts.headers_release, facts.release,
         )
-    variant, extra = mode, []
+    variant = mode
     if mode == "tracepoint" and config.raw_tracepoint is not False:
-        pid_offset = _task_pid_offset(facts)
-        if pid_offset is not None:
-            variant, extra = "raw_tracepoint", [f"-DTASK_PID_OFFSET={pid_offset}"]
+        if task is not None and facts.raw_sched_switch:
+            variant = "raw_tracepoint"
         elif config.raw_tracepoint:
-            raise ProbeError("raw tracepoint asked for, but task_struct.pid is not in /sys/kernel/btf/vmlinux")
-    if mode == "kprobe":
-        extra = _task_load_bit(facts)
-    extra = [*extra, *_task_runtime_offsets(facts)]
+            raise ProbeError("raw tracepoint asked for, but this kernel lacks it (5.18+) or BTF for task_struct")
+    extra = [] if task is None else task.cflags()
     text = (layout.BPF_DIR / layout.SOURCE).read_text()
     unwind = _unwind_config(config, facts)
     if unwind is not None:
@@ -83,15 +82,18 @@ def load(bcc: Any, program: Program) -> Any:
     return bpf
 
 
-def _task_pid_offset(facts: KernelFacts) -> int | None:
-    if not facts.raw_sched_switch:
+def _task_layout(facts: KernelFacts) -> TaskLayout | None:
+    """task_struct's layout from BTF, or None (no BTF): then kprobe mode reads the headers' layout
+    and the run-time reads (blocks whose switch-in went unreported, time stolen from running
+    threads) are left out."""
+    if not facts.btf:
         return None
     try:
-        bits = struct_member_bit_offsets("task_struct", ["pid"]).get("pid")
+        return read_task_layout()
     except BtfError as e:
-        log.warning("BTF unreadable (%s): using the perf-event tracepoint", e)
+        log.warning("BTF unreadable (%s): task_struct read at the headers' offsets; blocks whose switch-in goes "
+                    "unreported, and time stolen from running threads, are not counted", e)
         return None
-    return None if bits is None else bits // 8
 
 
 def _unwind_config(config: ProbeConfig, facts: KernelFacts) -> UnwindConfig | None:
@@ -107,41 +109,3 @@ def _unwind_config(config: ProbeConfig, facts: KernelFacts) -> UnwindConfig | No
     log.warning("user stacks with frame pointers only: no BTF (5.15+) and no headers matching the kernel "
                 "to find a task's user registers for the DWARF unwinder")
     return None
-
-
-def _task_runtime_offsets(facts: KernelFacts) -> list[str]:
-    """Where a task's run time and its switches are (task_struct::se.sum_exec_runtime,
-    se.prev_sum_exec_runtime, nvcsw and nivcsw): the end of a block whose switch-in the kernel
-    did not report (end_unseen_block() in the BPF program), and the time a running thread lost
-    without a switch (charge_stolen()). Without BTF neither is counted."""
-    if not facts.btf:
-        return []
-    try:
-        task = struct_member_offsets("task_struct", ["se", "nvcsw", "nivcsw"])
-        runtime = struct_member_offsets("sched_entity", ["sum_exec_runtime", "prev_sum_exec_runtime"])
-    except BtfError as e:
-        log.warning("BTF unreadable (%s): blocks whose switch-in goes unreported, and time stolen from running "
-                    "threads, are not counted", e)
-        return []
-    se = task.get("se")
-    if se is None or len(runtime) != 2:
-        return []
-    flags = [f"-DTASK_SE_RUNTIME_OFFSET={se + runtime['sum_exec_runtime']}",
-             f"-DTASK_SE_PREV_RUNTIME_OFFSET={se + runtime['prev_sum_exec_runtime']}"]
-    if "nvcsw" in task and task.get("nivcsw") == task["nvcsw"] + 8:  # read as one pair
-        flags.append(f"-DTASK_SWITCHES_OFFSET={task['nvcsw']}")
-    return flags
-
-
-def _task_load_bit(facts: KernelFacts) -> list[str]:
-    """Where task_struct::sched_contributes_to_load is: the reason of a task that is being woken
-    while it switches out (see reason_of_task_state() in the BPF program)."""
-    if not facts.btf:
-        return []
-    try:
-        bit = struct_member_bit_offsets("task_struct", ["sched_contributes_to_load"]).get(
-            "sched_contributes_to_load")
-    except BtfError as e:
-        log.warning("BTF unreadable (%s): blocks woken during their switch count as sleeping", e)
-        return []
-    return [] if bit is None else [f"-DTASK_LOAD_BIT={bit}"]

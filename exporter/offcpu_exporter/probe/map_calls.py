@@ -91,14 +91,18 @@ def lookup_and_delete(lib: Any, fd: int, key: ctypes.Structure | ctypes.c_uint32
     return True
 
 
-def delete_batch(lib: Any, fd: int, name: str, keys: Sequence[int]) -> None:
-    """Delete u32 `keys` from a hash map in BPF_MAP_DELETE_BATCH calls. The kernel stops at a
-    key that is not there (-ENOENT, `count` saying how many went before it): skip it, go on."""
-    raw = (ctypes.c_uint32 * len(keys))(*keys)
+def delete_batch(lib: Any, fd: int, name: str, keys: Sequence[int],
+                 key_type: type[ctypes.c_uint32] | type[ctypes.c_uint64] = ctypes.c_uint32) -> None:
+    """Delete integer `keys` (u32, or `key_type`) from a hash map in BPF_MAP_DELETE_BATCH calls.
+    The kernel stops at a key that is not there (-ENOENT, `count` saying how many went before it):
+    skip it, go on."""
+    if not keys:
+        return
+    raw = (key_type * len(keys))(*keys)
     done = 0
     while done < len(keys):
         count = ctypes.c_uint32(len(keys) - done)
-        if lib.bpf_delete_batch(fd, ctypes.byref(raw, done * ctypes.sizeof(ctypes.c_uint32)),
+        if lib.bpf_delete_batch(fd, ctypes.byref(raw, done * ctypes.sizeof(key_type)),
                                 ctypes.byref(count)) == 0:
             return
         err = ctypes.get_errno()

@@ -89,17 +89,19 @@ def send_with_retries(
     attempts: int | None = None,
     on_retry: Callable[[A, int], None] = lambda answer, n: None,
     on_failure: Callable[[A, int], None] = lambda answer, n: None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Outcome[A]:
     """Calls ``send(rpc_timeout)`` until it succeeds, is refused, or must give up.
 
-    `deadline` is on the monotonic clock; each try gets at most `timeout` seconds and never more than
-    what is left. `wait(seconds)` sleeps and returns False when shutdown cut it short. `attempts`
-    bounds the tries (None: only the deadline does). `on_failure(answer, n)` runs after the n-th
-    try failed retryably; `on_retry(answer, n)` after the backoff, before the n-th retry is sent."""
+    `deadline` is on `clock` (the monotonic clock; tests give a fake one with a `wait` that moves it);
+    each try gets at most `timeout` seconds and never more than what is left. `wait(seconds)` sleeps
+    and returns False when shutdown cut it short. `attempts` bounds the tries (None: only the
+    deadline does). `on_failure(answer, n)` runs after the n-th try failed retryably; `on_retry(answer,
+    n)` after the backoff, before the n-th retry is sent."""
     last: A | None = None
     n = 0
     while True:
-        left = deadline - time.monotonic()
+        left = deadline - clock()
         if left <= 0:
             return Outcome(Verdict.GAVE_UP, last, "deadline")
         last = send(min(timeout, left))
@@ -112,7 +114,7 @@ def send_with_retries(
         if attempts is not None and n >= attempts:
             return Outcome(Verdict.GAVE_UP, last, f"{attempts} attempts")
         delay = backoff.delay(n - 1, last.retry_after)
-        if time.monotonic() + delay >= deadline:
+        if clock() + delay >= deadline:
             return Outcome(Verdict.GAVE_UP, last, "deadline")
         if not wait(delay):
             return Outcome(Verdict.GAVE_UP, last, "shutdown")

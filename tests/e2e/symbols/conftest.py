@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.symbols.programs import Program, start
+from testkit.symbol_programs import Program, start
 
 
 @pytest.fixture

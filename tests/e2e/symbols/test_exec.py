@@ -13,7 +13,7 @@ from offcpu_exporter.snapshot import Reason
 from offcpu_exporter.targets import TargetRules
 from testkit.kernel_maps import MemoryMaps, exact
 from testkit.kernel_maps import key as stack_key
-from tests.e2e.symbols.programs import Program, compile_c
+from testkit.symbol_programs import Program, compile_c
 
 
 def _user_names(pipeline: Pipeline) -> list[str]:

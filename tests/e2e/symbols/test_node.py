@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.symbols.programs import Program, Recorder
+from testkit.symbol_programs import Program, Recorder
 
 pytestmark = pytest.mark.kernel
 HERE = Path(__file__).parent

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.symbols.programs import Program, Recorder, compile_c, need, off_cpu_us
+from testkit.symbol_programs import Program, Recorder, compile_c, need, off_cpu_us
 
 pytestmark = pytest.mark.kernel
 

@@ -16,7 +16,7 @@ from offcpu_exporter.snapshot import FrameKind
 from offcpu_exporter.symbols import Symbolizer
 from testkit.elf_lookup import gnu_build_id, symbol_table
 from testkit.elf_lookup import symbol as elf_symbol
-from tests.e2e.symbols.programs import Program, compile_c, need
+from testkit.symbol_programs import Program, compile_c, need
 
 RunProgram = Callable[..., Program]
 

@@ -20,13 +20,13 @@ import pytest
 from offcpu_exporter.symbols import Symbolizer
 from offcpu_exporter.unwind import layout
 from offcpu_exporter.unwind.source import UnwindConfig
+from testkit.gdb import gdb_backtraces
 from testkit.unwind_harness import Capture, Harness
+from testkit.unwind_target import OMIT_FP, TARGET, start
 from testkit.workloads import build
 
 pytestmark = pytest.mark.kernel
 HERE = Path(__file__).parent
-TARGET = HERE / "unwind_target.c"
-OMIT_FP = ("-O2", "-fomit-frame-pointer", "-pthread")
 # The outermost frames of a thread on Debian's glibc: the entry point (main thread), clone3.
 ROOTS = {"_start", "__clone3", "clone3", "__clone", "clone"}
 
@@ -35,34 +35,6 @@ ROOTS = {"_start", "__clone3", "clone3", "__clone", "clone"}
 def harness() -> Iterator[Harness]:
     with Harness() as h:
         yield h
-
-
-def start(procs: list[subprocess.Popen[str]], *argv: str, ready: str | None = None) -> subprocess.Popen[str]:
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    procs.append(p)
-    if ready is not None:
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        assert line.startswith(ready), line
-    return p
-
-
-def gdb_backtraces(pid: int) -> dict[int, list[tuple[int, str]]]:
-    """tid -> [(pc, name)] of every thread's physical frames, newest first."""
-    gdb = shutil.which("gdb")
-    if gdb is None:
-        pytest.fail("gdb is not installed (scripts/setup --test installs it)")
-    out = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-x", str(HERE / "gdb_frames.py")],
-                         capture_output=True, text=True, timeout=120).stdout
-    threads: dict[int, list[tuple[int, str]]] = {}
-    frames: list[tuple[int, str]] = []
-    for line in out.splitlines():
-        words = line.split()
-        if words[:1] == ["THREAD"]:
-            frames = threads.setdefault(int(words[1]), [])
-        elif words[:1] == ["FRAME"]:
-            frames.append((int(words[1], 16), words[2]))
-    return threads
 
 
 def blocked_stacks(captures: list[Capture]) -> dict[int, tuple[int, ...]]:

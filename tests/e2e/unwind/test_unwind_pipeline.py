@@ -12,9 +12,10 @@ import pytest
 from offcpu_exporter.formats import Profile, ProfileFilter
 from offcpu_exporter.snapshot import Frame
 from offcpu_exporter.stack_names import reaches_root
+from testkit.gdb import gdb_backtraces
 from testkit.inprocess import FLUSH_TIMEOUT, running_pipeline
+from testkit.unwind_target import OMIT_FP, TARGET, start
 from testkit.workloads import build
-from tests.e2e.unwind.test_unwind_kernel import OMIT_FP, TARGET, gdb_backtraces, start
 
 pytestmark = pytest.mark.kernel
 

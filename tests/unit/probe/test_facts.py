@@ -44,3 +44,20 @@ def test_features_gated_on_the_version_and_btf(release: str, btf: bool, raw_sche
                                                task_regs_btf: bool) -> None:
     facts = dataclasses.replace(_FACTS, release=release, btf=btf)
     assert (facts.raw_sched_switch, facts.task_regs_btf) == (raw_sched_switch, task_regs_btf)
+
+
+@pytest.mark.parametrize(("btf", "headers_release", "kprobes", "mode", "why"), [
+    # The fleet's usual case: headers of another kernel in the image, BTF in the kernel.
+    (True, "6.1.0-57-amd64", True, "kprobe", "task_struct layout from BTF"),
+    (True, None, True, "kprobe", "task_struct layout from BTF"),
+    (False, "6.12.9+rt", True, "kprobe", "headers that match the kernel"),
+    (False, "6.1.0-57-amd64", True, "tracepoint", "no BTF and the kernel headers (6.1.0-57-amd64) do not match"),
+    (True, "6.12.9+rt", False, "tracepoint", "kernel has no kprobes"),
+])
+def test_auto_picks_the_kprobe_wherever_it_reads_task_struct_exactly(
+        btf: bool, headers_release: str | None, kprobes: bool, mode: str, why: str) -> None:
+    facts = dataclasses.replace(_FACTS, release="6.12.9+rt", btf=btf, kprobes=kprobes,
+                                headers_dir="/lib/modules/6.12.9+rt/build", headers_release=headers_release)
+    chosen, reason = facts.auto_attach()
+    assert chosen == mode
+    assert why in reason

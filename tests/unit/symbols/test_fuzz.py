@@ -15,7 +15,7 @@ from offcpu_exporter.snapshot import Frame, FrameKind
 from offcpu_exporter.symbols import Symbolizer
 from offcpu_exporter.symbols.elf import SymbolTable, read_elf
 from offcpu_exporter.symbols.perfmap import PerfMap
-from tests.unit.symbols.fakeproc import FakeProc
+from testkit.fake_proc import FakeProc
 
 SOURCE = r"""
 int fuzz_one(int x) { return x + 1; }

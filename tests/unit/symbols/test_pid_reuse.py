@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from offcpu_exporter.symbols import Symbolizer
-from tests.unit.symbols.fakeproc import FakeProc
+from testkit.fake_proc import FakeProc
 
 PID = 4242
 

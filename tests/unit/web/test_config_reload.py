@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import bcrypt
 import pytest
 
 from offcpu_exporter.web.auth import BCRYPT_MAX_PASSWORD_BYTES, BasicAuth
@@ -22,17 +21,9 @@ from offcpu_exporter.web.config_watch import WebConfigWatcher
 from offcpu_exporter.web.options import WebOptions
 from offcpu_exporter.web.server import WebServer
 from testkit.tls import self_signed
-from testkit.web_client import basic, get, make_routes
+from testkit.web_client import basic, get, hashed, make_routes, users_yaml
 
 CHECK_INTERVAL_S = 0.1
-
-
-def hashed(password: str) -> str:
-    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()  # cost 4: fast tests
-
-
-def users_yaml(users: dict[str, str]) -> str:
-    return "basic_auth_users:\n" + "".join(f"  {u}: '{hashed(p)}'\n" for u, p in users.items())
 
 
 def start(config: Path) -> WebServer:

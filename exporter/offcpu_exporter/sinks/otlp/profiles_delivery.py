@@ -10,6 +10,10 @@ delivered in time, and dropped and counted once it cannot (queue full: the oldes
 deadline passed; still pending when `close` runs out of time; rejected as permanent: counted as
 failed). Waits use an Event that `close` sets, so shutdown never sits out a backoff.
 
+The deadlines are on `clock` and the backoffs are sat out by `wait(stop, seconds)` (Event.wait: True
+as soon as `stop` is set), both given to the constructor so that tests can run an outage on fake
+time; `close(timeout)` keeps to its timeout in real time whatever they are.
+
 Counted in `SinkStats` (unit: requests): ``sent`` accepted (also when partially), ``retried``
 re-sends, ``failed`` refused with a non-retryable error, ``dropped`` given up without a refusal.
 Also ``dropped_ns`` (off-CPU ns in dropped/failed requests) and ``rejected_profiles`` (partial success).
@@ -65,6 +69,8 @@ class ProfilesDelivery:
         timeout: float = TIMEOUT,
         backoff: Backoff | None = None,
         name: str = "otlp-profiles",
+        clock: Callable[[], float] = time.monotonic,
+        wait: Callable[[threading.Event, float], bool] = threading.Event.wait,
     ) -> None:
         self._client = client
         self._encode = encode
@@ -73,6 +79,8 @@ class ProfilesDelivery:
         self._max_delay = max_delay
         self._timeout = timeout
         self._backoff = backoff or Backoff()
+        self._clock = clock
+        self._wait = wait
         self._queue: collections.deque[_Pending] = collections.deque()
         self._cond = threading.Condition()
         self._stop = threading.Event()  # set by close when its time is up: abort everything
@@ -92,7 +100,7 @@ class ProfilesDelivery:
                 return
             if len(self._queue) >= self._queue_size:
                 evicted = self._queue.popleft()
-            self._queue.append(_Pending(snapshot, time.monotonic() + self._max_delay))
+            self._queue.append(_Pending(snapshot, self._clock() + self._max_delay))
             self._cond.notify()
         if evicted is not None:
             self._drop(evicted.snapshot, f"queue full ({self._queue_size} requests)")
@@ -171,8 +179,9 @@ class ProfilesDelivery:
             deadline=deadline,
             timeout=self._timeout,
             backoff=self._backoff,
-            wait=lambda seconds: not self._stop.wait(seconds),
+            wait=lambda seconds: not self._wait(self._stop, seconds),
             on_retry=retrying,
+            clock=self._clock,
         )
         result = outcome.last
         if outcome.verdict is Verdict.SENT and result is not None:

@@ -15,8 +15,8 @@ from offcpu_exporter.formats.proto.skywalking.ebpf.profiling import Profile_pb2 
 from offcpu_exporter.sinks.skywalking.dump import dump, dump_main
 from offcpu_exporter.sinks.skywalking.options import SkyWalkingOptions, add_subcommands
 from offcpu_exporter.sinks.skywalking.sink import create
+from testkit.skywalking_sink import context, parse
 from testkit.snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
-from tests.unit.sinks.skywalking.options import context, parse
 
 APP = process(4242, "app")
 

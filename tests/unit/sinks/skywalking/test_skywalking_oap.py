@@ -18,8 +18,8 @@ from offcpu_exporter.sinks.skywalking.delivery import RetryPolicy
 from offcpu_exporter.sinks.skywalking.options import SkyWalkingOptions
 from offcpu_exporter.sinks.skywalking.sink import SkyWalkingSink, create
 from testkit.skywalking_oap import FakeOap, Task, oap_process_id
+from testkit.skywalking_sink import context, parse
 from testkit.snapshots import PIPE, SEC, SLEEP, T0, process, sample, snapshot
-from tests.unit.sinks.skywalking.options import context, parse
 
 pytestmark = pytest.mark.timeout(60)
 

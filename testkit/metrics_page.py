@@ -1,4 +1,4 @@
-"""Reading a real exporter's /metrics and /proc figures in reliability tests."""
+"""Reading a real exporter's /metrics page and its /proc figures (reliability and e2e tests)."""
 
 from __future__ import annotations
 

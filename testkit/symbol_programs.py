@@ -1,4 +1,4 @@
-"""Building and running the symbolizer's test programs (real processes, real /proc)."""
+"""Building and running the symbolizer's test programs (tests/e2e/symbols/: real processes, real /proc)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from offcpu_exporter.formats import folded
 
-SOURCES = Path(__file__).parent
+SOURCES = Path(__file__).resolve().parent.parent / "tests" / "e2e" / "symbols"
 READY = "ready"
 
 

@@ -1,4 +1,5 @@
-"""What the SkyWalking output's tests build it from: parsed flags and an empty sink context."""
+"""What the SkyWalking output's tests build it from: the flags parsed as the CLI parses them, and an
+empty sink context."""
 
 from __future__ import annotations
 

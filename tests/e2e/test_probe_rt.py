@@ -1,0 +1,48 @@
+"""A PREEMPT_RT kernel's own task state: a thread blocked on a sleeping spinlock (spinlock_t is an
+rt_mutex there) leaves the CPU in TASK_RTLOCK_WAIT, a state no other kernel has. The probe counts
+it as uninterruptible, where the kernel's own reports put it (__task_state_index(): the
+sched_switch tracepoint and /proc/PID/stat show D), in every hook. Run by the kernel matrix's
+6.12-rt legs; deselected on other kernels (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from offcpu_exporter.probe.loader import Probe
+from offcpu_exporter.snapshot import ZERO, Reason
+from testkit.inprocess import in_window, kernel_names, observe, total
+from testkit.tolerances import WALL
+from testkit.workloads import Workload
+
+pytestmark = [pytest.mark.kernel, pytest.mark.rt_kernel]
+
+# The slow path of a contended spinlock_t on PREEMPT_RT (kernel/locking/spinlock_rt.c).
+RTLOCK_FUNCTIONS = {"rtlock_slowlock_locked", "rtlock_slowlock", "rt_spin_lock"}
+
+
+def test_sleeping_spinlock_waits_are_uninterruptible_and_the_sums_stay_exact(probe: Probe) -> None:
+    assert "PREEMPT_RT" in os.uname().version, f"not a PREEMPT_RT kernel: {os.uname().version}"
+    # Six threads on two CPUs taking one futex hash bucket's lock: a holder preempted by the tick
+    # makes the others sleep on it.
+    with Workload("bucket", threads=6, iterations=3, interval_ms=1000) as w:
+        result, snap = observe(w, probe=probe)
+    mine = [s for s in snap.samples if s.process.pid == w.pid]
+    on_lock = [s for s in mine if RTLOCK_FUNCTIONS & kernel_names([s])]
+    assert total(on_lock).count >= 10, sorted(kernel_names(mine))
+    by_reason = {reason: total([s for s in on_lock if s.reason is reason]) for reason in Reason}
+    # Preempted while spinning on the lock's owner: runnable. Otherwise asleep on the lock:
+    # uninterruptible, never "other" (what TASK_RTLOCK_WAIT was before the probe knew it).
+    assert by_reason[Reason.OTHER] == ZERO, by_reason
+    asleep = {reason: c for reason, c in by_reason.items() if reason is not Reason.RUNNABLE and c.count}
+    if probe.mode == "kprobe":
+        # At finish_task_switch the waker may already have set TASK_WAKING over the state; the
+        # scheduler's load bit, the probe's source then, is not set for lock waits: sleeping.
+        assert by_reason[Reason.UNINTERRUPTIBLE].count >= by_reason[Reason.SLEEPING].count, by_reason
+    else:
+        assert set(asleep) == {Reason.UNINTERRUPTIBLE}, by_reason
+    assert all(s.reason is not Reason.OTHER for s in mine), [(s.reason, s.stack.folded()) for s in mine]
+    for thread in result.threads:
+        off = sum((s.total for s in in_window(snap, thread.tid)), ZERO)
+        assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns, rel=WALL), thread
