@@ -11,7 +11,7 @@ DEFAULT_LEGS=host,6.12:tracepoint,6.12-rt:tracepoint,6.1:tracepoint,6.12:kprobe,
 
 # The files the matrix collects; the selections below pick tests in them by marker (pyproject.toml
 # registers the markers; docs/kernel-matrix.md says which test has which and why).
-TEST_FILES=(tests/e2e/test_probe.py tests/e2e/test_probe_truth.py)
+TEST_FILES=(tests/e2e/test_probe.py tests/e2e/test_probe_truth.py tests/e2e/test_probe_rt.py)
 
 # selection NAME: the pytest -m expression of a named selection of tests.
 #   all     every kernel test of TEST_FILES (the host leg: native, ~1 min)
