@@ -6,6 +6,9 @@ calls are slow, as under the kernel matrix's emulation) and reads its schedstat 
 The probe's figures must match
 those within the issue's tolerances: 5% for time, 2% for counts, 3% for on-CPU + off-CPU = wall.
 The attach mode is OFFCPU_ATTACH (the kernel matrix runs this file in kprobe and tracepoint mode).
+Which tests each leg of the matrix runs is in their markers (kernel_hook, kernel_events,
+kernel_truth; docs/kernel-matrix.md): the others, about aggregation and the pipeline, run on the
+host only.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from testkit.workloads import Workload
 
 pytestmark = pytest.mark.kernel
 
+@pytest.mark.kernel_hook
+@pytest.mark.kernel_truth
 def test_sleeping_thread_time_count_and_frames(probe: Probe) -> None:
     with Workload("sleep", threads=1, iterations=50, interval_ms=20) as w:
         result, snap = observe(w, probe=probe)
@@ -49,6 +54,7 @@ def test_sleeping_thread_time_count_and_frames(probe: Probe) -> None:
     assert measured.ns == pytest.approx(thread.blocked_off_ns, rel=TIME)
 
 
+@pytest.mark.kernel_events
 def test_perf_event_tracepoint_variant() -> None:
     """Tracepoint mode uses the raw tracepoint where BTF gives task_struct's layout; the classic
     perf-event tracepoint (kernels without BTF) must count the same. Runs in every matrix leg,
@@ -72,7 +78,8 @@ def test_perf_event_tracepoint_variant() -> None:
 
 
 @pytest.mark.parametrize(("mode", "threads", "iterations", "interval_ms"), [
-    ("mutex", 3, 40, 5),  # on and off CPU in turns, preempted while holding the lock
+    # on and off CPU in turns, preempted while holding the lock
+    pytest.param("mutex", 3, 40, 5, marks=[pytest.mark.kernel_hook, pytest.mark.kernel_truth]),
     ("sleep", 2, 1, 1500),  # off CPU for the whole window, in one block
 ])
 def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe, mode: str, threads: int, iterations: int,
@@ -86,7 +93,7 @@ def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe, mode: str, threads: int,
         assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns, rel=WALL), thread
 
 
-@pytest.mark.parametrize("readers", [1, 2])
+@pytest.mark.parametrize("readers", [pytest.param(1, marks=pytest.mark.kernel_events), 2])
 def test_pipe_reader_blocks_in_pipe_read(readers: int, probe: Probe) -> None:
     with Workload("pipe", threads=readers, iterations=40, interval_ms=10) as w:
         result, snap = observe(w, probe=probe)
@@ -105,6 +112,7 @@ def test_pipe_reader_blocks_in_pipe_read(readers: int, probe: Probe) -> None:
             assert blocks.count == pytest.approx(thread.blocks, rel=COUNT, abs=1 + SLACK), thread
 
 
+@pytest.mark.kernel_hook
 def test_mutex_waiters_block_in_futex_wait(probe: Probe) -> None:
     with Workload("mutex", threads=3, iterations=20, interval_ms=5) as w:
         result, snap = observe(w, probe=probe)
@@ -230,6 +238,7 @@ def test_the_probe_times_itself_when_asked() -> None:
     assert 0 < snap.health.probe_run_ns / snap.health.probe_runs < 100_000
 
 
+@pytest.mark.kernel_events
 def test_the_kernel_reports_process_starts_execs_renames_and_exits(probe: Probe) -> None:
     """What the targets follow between rescans of /proc (issue 27): a new process, its exec, its
     rename by prctl(PR_SET_NAME), and its exit, each reported under its tgid."""

@@ -4,7 +4,8 @@
 - A block still going on is counted as it lasts, and its total is still the truth once it ends.
 - A window that ends (record's duration, a final flush) covers exactly that window: a thread
   blocked all along shows the window's length, never more.
-The kernel matrix runs this file in kprobe and tracepoint mode (OFFCPU_ATTACH).
+The kernel matrix runs this file in kprobe and tracepoint mode (OFFCPU_ATTACH), the tests its
+markers select (docs/kernel-matrix.md).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def _cpu_hogs(n: int) -> Iterator[None]:
             hog.wait()
 
 
+@pytest.mark.kernel_hook
+@pytest.mark.kernel_truth
 def test_exited_threads_leave_nothing_in_the_kernel(probe: Probe) -> None:
     threads = 300 if EMULATED else 3000
     hogs = 0 if EMULATED else os.cpu_count() or 1  # the guest is slow enough as it is
@@ -90,6 +93,7 @@ def test_exited_threads_leave_nothing_in_the_kernel(probe: Probe) -> None:
     assert snap.health.map_entries[layout.MAP_START] < 100
 
 
+@pytest.mark.kernel_events
 def test_a_long_block_is_counted_while_it_lasts_and_once(probe: Probe) -> None:
     block_ms = 8000 if EMULATED else 3000
     with (Workload("sleep", threads=1, iterations=1, interval_ms=block_ms) as w,
@@ -217,6 +221,8 @@ def _runs(pid: int) -> str:
         return f.read().split()[2]
 
 
+@pytest.mark.kernel_hook
+@pytest.mark.kernel_truth
 def test_a_seeded_block_whose_switch_in_went_unseen_is_counted_up_to_the_pick(probe: Probe) -> None:
     """A block seeded for a thread blocked since before it was watched (in_progress.py), whose
     switch-in the probe did not see (this machine's kernel hides some; or the thread woke while it

@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
 # Runs a command as root inside a stock Debian kernel booted under QEMU, with this machine's root
 # filesystem shared read-only over 9p (same paths, same tools, same virtualenv) and the guest
-# kernel's matching headers where bcc looks for them. Prints the command's output and exits with
+# kernel's matching headers (or, with --headers, another kernel's) where bcc looks for them. Prints the command's output and exits with
 # its exit status. See docs/kernel-matrix.md.
 set -euo pipefail
 
 usage() {
 	cat <<'EOF'
-usage: tests/kernels/run.sh [--kernel VERSION] [--attach MODE] [--timeout SECONDS] -- COMMAND...
+usage: tests/kernels/run.sh [--kernel VERSION] [--headers VERSION] [--attach MODE]
+                           [--timeout SECONDS] -- COMMAND...
        tests/kernels/run.sh [--kernel VERSION] --print-kernel
 
-  --kernel VERSION   Debian kernel ABI to boot, e.g. 6.1.0-57-amd64 (default: the one the
-                     linux-image-amd64 metapackage depends on, resolved now)
+  --kernel VERSION   Debian kernel to boot: an exact ABI (6.1.0-57-amd64, 6.12.118+deb12-amd64,
+                     6.12.118+deb12-rt-amd64) or a line resolved now from its metapackage:
+                       6.1      linux-image-amd64 (the default)
+                       6.12     linux-image-6.12-amd64
+                       6.12-rt  linux-image-6.12-rt-amd64
+  --headers VERSION  put this kernel's headers (same forms as --kernel) where bcc looks for them in
+                     the guest instead of the booted kernel's own: headers that do not match
   --attach MODE      kprobe | tracepoint | auto: exported to COMMAND as OFFCPU_ATTACH (default auto)
   --timeout SECONDS  kill the guest and fail after this long (default 900)
-  --print-kernel     print the kernel version that would be booted, and exit
+  --print-kernel     print the kernel ABI that would be booted (or with --headers, whose
+                     headers would be used), and exit
 
 The command runs as root with the project checkout as working directory (read-only), HOME and
 /tmp on tmpfs. Environment passed in: OFFCPU_*, PYTHONPATH, PYTEST_ADDOPTS (plus
 "-p no:cacheprovider"), PYTHONDONTWRITEBYTECODE=1, PYTHONUNBUFFERED=1,
-OFFCPU_GUEST_KERNEL=<version>.
+OFFCPU_GUEST_KERNEL=<booted ABI>, OFFCPU_GUEST_HEADERS=<headers' ABI>.
 Kernel packages are cached in $OFFCPU_KERNEL_CACHE (default /var/cache/offcpu-kernels).
 EOF
 }
@@ -31,6 +38,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 project=$(cd "$here/../.." && pwd)
 cache=${OFFCPU_KERNEL_CACHE:-/var/cache/offcpu-kernels}
 kernel=""
+headers=""
 attach=auto
 timeout_s=900
 print_kernel=0
@@ -38,6 +46,7 @@ print_kernel=0
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--kernel) [ $# -ge 2 ] || fail "--kernel needs a value"; kernel=$2; shift 2 ;;
+	--headers) [ $# -ge 2 ] || fail "--headers needs a value"; headers=$2; shift 2 ;;
 	--attach) [ $# -ge 2 ] || fail "--attach needs a value"; attach=$2; shift 2 ;;
 	--timeout) [ $# -ge 2 ] || fail "--timeout needs a value"; timeout_s=$2; shift 2 ;;
 	--print-kernel) print_kernel=1; shift ;;
@@ -82,40 +91,59 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # --- kernel version --------------------------------------------------------------------------
+# Debian removes superseded ABIs from the mirror: a kernel line is resolved from its metapackage
+# each time, never pinned.
+metapackage() {
+	case "$1" in
+	6.1) echo linux-image-amd64 ;;
+	6.12) echo linux-image-6.12-amd64 ;;
+	6.12-rt) echo linux-image-6.12-rt-amd64 ;;
+	*) return 1 ;;
+	esac
+}
 image_dep() {
-	apt-cache show --no-all-versions linux-image-amd64 2>/dev/null \
+	apt-cache show --no-all-versions "$1" 2>/dev/null \
 		| sed -n 's/^Depends: .*linux-image-\([0-9][^ ,]*-amd64\).*/\1/p' | head -n1
 }
-if [ -z "$kernel" ]; then
-	kernel=$(image_dep)
-	if [ -z "$kernel" ]; then
-		apt_update
-		kernel=$(image_dep)
+# resolve VERSION: prints the ABI of a kernel line (6.1, 6.12, 6.12-rt) or checks an exact one.
+resolve() {
+	local v=$1 meta abi
+	if meta=$(metapackage "$v"); then
+		abi=$(image_dep "$meta")
+		if [ -z "$abi" ]; then
+			apt_update
+			abi=$(image_dep "$meta")
+		fi
+		[ -n "$abi" ] || fail "cannot resolve the kernel version from the $meta metapackage"
+		v=$abi
 	fi
-	[ -n "$kernel" ] || fail "cannot resolve the kernel version from the linux-image-amd64 metapackage"
-fi
-case "$kernel" in *-amd64) ;; *) kernel=$kernel-amd64 ;; esac
-[[ "$kernel" =~ ^[0-9]+\.[0-9]+\.[0-9]+-[0-9]+-amd64$ ]] || fail "not a Debian kernel ABI: '$kernel' (e.g. 6.1.0-57-amd64)"
+	case "$v" in *-amd64) ;; *) v=$v-amd64 ;; esac
+	[[ "$v" =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9]+|\+deb[0-9]+)(-rt)?-amd64$ ]] \
+		|| fail "not a Debian kernel ABI: '$1' (e.g. 6.1.0-57-amd64, 6.12.118+deb12-rt-amd64, or 6.1, 6.12, 6.12-rt)"
+	echo "$v"
+}
+kernel=$(resolve "${kernel:-6.1}")
+[ -z "$headers" ] || headers=$(resolve "$headers")
 if [ $print_kernel -eq 1 ]; then
-	echo "$kernel"
+	echo "${headers:-$kernel}"
 	exit 0
 fi
 
-# --- kernel image, modules and matching headers, cached --------------------------------------
-kdir=$cache/$kernel
-xroot=$kdir/root
-fetch_kernel() {
-	local pkgs dl f deps
-	pkgs=("linux-image-$kernel" "linux-headers-$kernel")
-	# linux-headers-<ver>-amd64 depends on -common and on linux-kbuild-<major.minor>.
-	deps=$(apt-cache show --no-all-versions "linux-headers-$kernel" 2>/dev/null | sed -n 's/^Depends: //p' || true)
+# --- kernel image, modules and headers, cached ----------------------------------------------
+# fetch VERSION: the image and headers packages of VERSION unpacked into $cache/VERSION/root.
+fetch() {
+	local ver=$1 pkgs dl f deps
+	pkgs=("linux-image-$ver" "linux-headers-$ver")
+	# linux-headers-<ver> depends on linux-headers-<...>-common (-common-rt for the RT build) and
+	# on linux-kbuild-<...>.
+	deps=$(apt-cache show --no-all-versions "linux-headers-$ver" 2>/dev/null | sed -n 's/^Depends: //p' || true)
 	if [ -z "$deps" ]; then
 		apt_update
-		deps=$(apt-cache show --no-all-versions "linux-headers-$kernel" 2>/dev/null | sed -n 's/^Depends: //p' || true)
+		deps=$(apt-cache show --no-all-versions "linux-headers-$ver" 2>/dev/null | sed -n 's/^Depends: //p' || true)
 	fi
-	[ -n "$deps" ] || fail "no package linux-headers-$kernel on the mirror (superseded ABI? try without --kernel)"
+	[ -n "$deps" ] || fail "no package linux-headers-$ver on the mirror (superseded ABI? try a kernel line: 6.1, 6.12, 6.12-rt)"
 	mapfile -t -O ${#pkgs[@]} pkgs < <(printf '%s\n' "$deps" | tr ',' '\n' \
-		| sed -n 's/^ *\(linux-headers-[^ ]*-common\|linux-kbuild-[^ ]*\).*/\1/p')
+		| sed -n 's/^ *\(linux-headers-[^ ]*-common\(-rt\)\{0,1\}\|linux-kbuild-[^ ]*\)\( .*\)\{0,1\}$/\1/p')
 	dl=$(mktemp -d "$cache/.download.XXXXXX")
 	log "fetching ${pkgs[*]}"
 	if ! (cd "$dl" && apt-get download -q "${pkgs[@]}" >/dev/null 2>"$dl/apt.log"); then
@@ -125,21 +153,32 @@ fetch_kernel() {
 	fi
 	mkdir "$dl/root"
 	for f in "$dl"/*.deb; do dpkg-deb -x "$f" "$dl/root"; done
-	[ -f "$dl/root/boot/vmlinuz-$kernel" ] || fail "no /boot/vmlinuz-$kernel in linux-image-$kernel"
+	[ -f "$dl/root/boot/vmlinuz-$ver" ] || fail "no /boot/vmlinuz-$ver in linux-image-$ver"
 	# The package leaves modules.dep to its postinst.
-	depmod -b "$dl/root" "$kernel"
+	depmod -b "$dl/root" "$ver"
 	rm -f "$dl"/*.deb "$dl/apt.log"
 	chmod 0755 "$dl"
-	rm -rf "$kdir"
-	mv "$dl" "$kdir"
+	rm -rf "${cache:?}/$ver"
+	mv "$dl" "$cache/$ver"
+}
+fetched() {
+	[ -f "$cache/$1/root/boot/vmlinuz-$1" ] && [ -f "$cache/$1/root/lib/modules/$1/modules.dep" ] \
+		&& [ -d "$cache/$1/root/usr/src/linux-headers-$1" ]
 }
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9
-if [ ! -f "$xroot/boot/vmlinuz-$kernel" ] || [ ! -f "$xroot/lib/modules/$kernel/modules.dep" ]; then
-	fetch_kernel
-fi
+fetched "$kernel" || fetch "$kernel"
+headers=${headers:-$kernel}
+fetched "$headers" || fetch "$headers"
 flock -u 9
+xroot=$cache/$kernel/root
+# bcc's /lib/modules/<ver>/build and source: the arch-specific headers and the -common ones.
+build=$cache/$headers/root/usr/src/linux-headers-$headers
+source=$(find "$cache/$headers/root/usr/src" -mindepth 1 -maxdepth 1 -name 'linux-headers-*-common*')
+if [ -z "$source" ] || [ "$(printf '%s\n' "$source" | wc -l)" -ne 1 ]; then
+	fail "expected one linux-headers-*-common* directory in $cache/$headers/root/usr/src"
+fi
 
 # --- initramfs -------------------------------------------------------------------------------
 tmp=$(mktemp -d /tmp/offcpu-kernel.XXXXXX)
@@ -182,7 +221,7 @@ quote() {
 }
 env_lines=""
 while IFS= read -r name; do
-	case "$name" in OFFCPU_ATTACH | OFFCPU_GUEST_KERNEL | OFFCPU_KERNEL_CACHE) continue ;; esac
+	case "$name" in OFFCPU_ATTACH | OFFCPU_GUEST_KERNEL | OFFCPU_GUEST_HEADERS | OFFCPU_KERNEL_CACHE) continue ;; esac
 	env_lines+="export $name=$(quote "${!name}")"$'\n'
 done < <(compgen -e | grep -E '^(OFFCPU_[A-Z0-9_]+|PYTHONPATH)$' || true)
 cat >"$tmp/share/job" <<EOF
@@ -196,6 +235,7 @@ export PYTHONUNBUFFERED=1
 export PYTEST_ADDOPTS=$(quote "-p no:cacheprovider ${PYTEST_ADDOPTS:-}")
 export OFFCPU_ATTACH=$(quote "$attach")
 export OFFCPU_GUEST_KERNEL=\$(uname -r)
+export OFFCPU_GUEST_HEADERS=$(quote "$headers")
 ${env_lines}cut -d' ' -f1 /proc/uptime >/run/offcpu/started
 cd $(quote "$project") && $(quote "$@") </dev/null >/run/offcpu/output 2>&1
 echo \$? >/run/offcpu/status
@@ -207,14 +247,14 @@ EOF
 : >"$tmp/share/output"
 
 # --- boot ------------------------------------------------------------------------------------
-log "booting $kernel (attach=$attach, timeout ${timeout_s} s)"
+log "booting $kernel (attach=$attach, headers $headers, timeout ${timeout_s} s)"
 t0=$(date +%s.%N)
 # No KVM for the guest: nested virtualisation does not work on this machine kind (a KVM guest
 # hangs after the BIOS), so QEMU emulates the CPU (TCG, ~25x slower). --pdeathsig: the VM must
 # not outlive this script when it is killed without a chance to clean up (SIGKILL).
 setpriv --pdeathsig KILL qemu-system-x86_64 -accel tcg -cpu max -m 2G -smp 2 -nographic -no-reboot -nic none \
 	-kernel "$xroot/boot/vmlinuz-$kernel" -initrd "$tmp/initrd.gz" \
-	-append "console=ttyS0 panic=-1 quiet offcpu.headers=$xroot$project_arg" \
+	-append "console=ttyS0 panic=-1 quiet offcpu.modules=$xroot offcpu.build=$build offcpu.source=$source$project_arg" \
 	-virtfs "local,path=/,mount_tag=rootfs,security_model=none,readonly=on,multidevs=remap" \
 	-virtfs "local,path=$tmp/share,mount_tag=results,security_model=none,multidevs=remap" \
 	"${project_share[@]}" \
@@ -253,7 +293,7 @@ fi
 status=$(cat "$tmp/share/status")
 boot=$(cat "$tmp/share/started")
 end=$(cat "$tmp/share/finished" 2>/dev/null || echo "$boot")
-awk -v k="$kernel" -v a="$attach" -v b="$boot" -v e="$end" -v t0="$t0" -v t1="$t1" -v s="$status" \
-	'BEGIN { printf "run.sh: kernel %s, attach %s: boot %.1f s, command %.1f s, total %.1f s, exit %s\n", k, a, b, e - b, t1 - t0, s }' >&2
+awk -v k="$kernel" -v h="$headers" -v a="$attach" -v b="$boot" -v e="$end" -v t0="$t0" -v t1="$t1" -v s="$status" \
+	'BEGIN { printf "run.sh: kernel %s, headers %s, attach %s: boot %.1f s, command %.1f s, total %.1f s, exit %s\n", k, h, a, b, e - b, t1 - t0, s }' >&2
 [[ "$status" =~ ^[0-9]+$ ]] || fail "unreadable exit status from the guest: '$status'"
 exit "$status"

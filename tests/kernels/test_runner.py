@@ -1,6 +1,8 @@
-"""The kernel-matrix runner itself: exit statuses, the timeout, and that a broken probe fails a leg.
+"""The kernel-matrix runner itself: exit statuses, the timeout, that a broken probe fails a leg,
+the kernel lines and headers run.sh resolves and boots, and the legs matrix.sh makes of --legs.
 
-Each test boots the stock Debian kernel under QEMU (tests/kernels/run.sh), ~8-35 s apiece.
+The tests that boot a guest (tests/kernels/run.sh) take ~10-40 s apiece; the others only resolve
+versions from the package lists.
 """
 
 from __future__ import annotations
@@ -72,10 +74,103 @@ def test_hung_guest_is_killed_at_the_timeout() -> None:
         (["--attach", "fentry", "--", "true"], "--attach must be kprobe, tracepoint or auto"),
         (["--timeout", "0", "--", "true"], "--timeout must be a positive number"),
         (["--kernel", "latest", "--", "true"], "not a Debian kernel ABI"),
+        (["--kernel", "6.1.0-57-cloud-amd64", "--", "true"], "not a Debian kernel ABI"),
+        (["--headers", "6.2", "--", "true"], "not a Debian kernel ABI"),
         (["true"], "the command goes after --"),
     ],
 )
 def test_bad_arguments_fail_at_once(args: list[str], message: str) -> None:
     r = run(RUN, *args, timeout=30)
+    assert r.returncode == 2
+    assert message in r.stderr
+
+
+ABI_61 = r"6\.1\.\d+-\d+-amd64"
+ABI_612 = r"6\.12\.\d+\+deb\d+-amd64"
+ABI_612_RT = r"6\.12\.\d+\+deb\d+-rt-amd64"
+
+
+@pytest.mark.parametrize(("line", "abi"), [("6.1", ABI_61), ("6.12", ABI_612), ("6.12-rt", ABI_612_RT)])
+def test_kernel_lines_resolve_to_the_abi_their_metapackage_names(line: str, abi: str) -> None:
+    r = run(RUN, "--kernel", line, "--print-kernel", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(abi, r.stdout.strip()), r.stdout
+    # An exact ABI is taken as it is, with or without the flavour's -amd64.
+    exact = r.stdout.strip()
+    for given in (exact, exact.removesuffix("-amd64")):
+        again = run(RUN, "--kernel", given, "--print-kernel", timeout=120)
+        assert again.stdout.strip() == exact, again.stdout + again.stderr
+    # With --headers, the headers' ABI.
+    headers = run(RUN, "--kernel", "6.12", "--headers", line, "--print-kernel", timeout=120)
+    assert headers.stdout.strip() == exact, headers.stdout + headers.stderr
+
+
+def test_a_guest_with_another_kernels_headers() -> None:
+    """6.12-rt booted with 6.1's generic headers where bcc looks: the "headers do not match" case."""
+    r = run(RUN, "--kernel", "6.12-rt", "--headers", "6.1", "--timeout", "200", "--",
+            "sh", "-c", 'v=$(uname -r); echo "kernel=$v headers=$OFFCPU_GUEST_HEADERS"; '
+            'readlink /lib/modules/$v/build /lib/modules/$v/source; ls /lib/modules/$v/modules.dep')
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(rf"^kernel=({ABI_612_RT}) headers=({ABI_61})$", r.stdout, re.M)
+    assert m, r.stdout
+    kernel, headers = m.groups()
+    assert re.search(rf"^/\S+/{headers}/root/usr/src/linux-headers-{headers}$", r.stdout, re.M), r.stdout
+    common = headers.removesuffix("-amd64")
+    assert re.search(rf"^/\S+/{headers}/root/usr/src/linux-headers-{common}-common$", r.stdout, re.M), r.stdout
+    # The modules are the booted kernel's own.
+    assert f"/lib/modules/{kernel}/modules.dep" in r.stdout
+
+
+def matrix_list(*legs: str) -> list[tuple[str, str, str]]:
+    # The default command's interpreter: this test's own virtualenv (a worktree may have none).
+    env = {**os.environ, "OFFCPU_VENV": sys.prefix}
+    r = subprocess.run([str(MATRIX), "--list", *(["--legs", ",".join(legs)] if legs else [])], cwd=PROJECT,
+                       capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return [tuple(line.split("\t")) for line in r.stdout.splitlines()]  # type: ignore[misc]
+
+
+def test_default_legs_cover_each_kernel_line_in_both_modes_and_mismatched_headers() -> None:
+    legs = {name: (selection, command) for name, selection, command in matrix_list()}
+    names = "\n".join(legs)
+    for abi in (ABI_61, ABI_612, ABI_612_RT):
+        for mode, selection in (("kprobe", "hook"), ("tracepoint", "kernel")):
+            name = next((n for n in legs if re.fullmatch(rf"kernel {abi} / {mode}", n)), None)
+            assert name, names
+            assert legs[name][0] == selection
+    mismatched = [n for n in legs if re.fullmatch(rf"kernel {ABI_612} / kprobe \(headers {ABI_61}\)", n)]
+    assert len(mismatched) == 1, names
+    assert legs[mismatched[0]][0] == "truth"
+    host = [n for n in legs if n.endswith(" / tracepoint") and not re.search(r"-amd64 /", n)]
+    assert len(host) == 1 and legs[host[0]][0] == "all", names
+    # RT tests only on the RT kernel's legs.
+    for name, (_, command) in legs.items():
+        assert ("or rt_kernel" in command.replace("\\", "")) == ("-rt-amd64" in name), (name, command)
+
+
+def test_leg_syntax() -> None:
+    legs = matrix_list("kprobe", "6.12-rt:tracepoint:tests=truth", "6.12:kprobe:headers=6.1:tests=all")
+    assert [(re.sub(r"\d+\S*amd64", "V", n), s) for n, s, _ in legs] == [
+        ("kernel V / kprobe", "hook"),  # a bare mode: --kernel's kernel, 6.1 by default
+        ("kernel V / tracepoint", "truth"),
+        ("kernel V / kprobe (headers V)", "all"),
+    ]
+    assert re.fullmatch(rf"kernel {ABI_61} / kprobe", legs[0][0])
+    command = legs[1][2].replace("\\", "")
+    assert "-m (kernel_truth) or rt_kernel tests/e2e/test_probe.py" in command, command
+
+
+@pytest.mark.parametrize(
+    ("legs", "message"),
+    [
+        ("6.12", "expected KERNEL:MODE"),
+        ("6.12:fentry", "the mode must be kprobe or tracepoint"),
+        ("6.12:kprobe:header=6.1", "unknown option 'header=6.1'"),
+        ("6.12:kprobe:tests=most", "unknown selection 'most'"),
+        ("latest:kprobe", "cannot resolve the kernel 'latest'"),
+    ],
+)
+def test_bad_legs_fail_at_once(legs: str, message: str) -> None:
+    r = run(MATRIX, "--legs", legs, "--list", timeout=60)
     assert r.returncode == 2
     assert message in r.stderr
