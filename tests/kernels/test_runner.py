@@ -131,8 +131,13 @@ def matrix_list(*legs: str) -> list[tuple[str, str, str]]:
 
 
 def test_default_legs_cover_each_kernel_line_in_both_modes_and_mismatched_headers() -> None:
+    """CI's legs: 6.1 and 6.12 in both modes, 6.12 with 6.1's headers, the host. 6.12-rt runs on
+    demand (matrix.sh's RT_LEGS, docs/kernel-matrix.md), with its RT tests."""
     legs = {name: (selection, command) for name, selection, command in matrix_list()}
     names = "\n".join(legs)
+    assert not [n for n in legs if "-rt-amd64" in n], names
+    legs.update({name: (selection, command) for name, selection, command in
+                 matrix_list("6.12-rt:kprobe", "6.12-rt:tracepoint")})
     for abi in (ABI_61, ABI_612, ABI_612_RT):
         for mode, selection in (("kprobe", "hook"), ("tracepoint", "kernel")):
             name = next((n for n in legs if re.fullmatch(rf"kernel {abi} / {mode}", n)), None)
@@ -146,6 +151,9 @@ def test_default_legs_cover_each_kernel_line_in_both_modes_and_mismatched_header
     # RT tests only on the RT kernel's legs.
     for name, (_, command) in legs.items():
         assert ("or rt_kernel" in command.replace("\\", "")) == ("-rt-amd64" in name), (name, command)
+    # tests=rt: the RT kernel's own tests alone.
+    [(_, selection, command)] = matrix_list("6.12-rt:kprobe:tests=rt")
+    assert selection == "rt" and "-m (rt_kernel) or rt_kernel tests/" in command.replace("\\", ""), command
 
 
 def test_leg_syntax() -> None:
