@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.btf import struct_member_offsets
+from offcpu_exporter.probe.task_layout import read_task_layout
 
 _PROGRAM = r"""
 struct run { u64 ts; u64 runtime; u64 switches; };
@@ -74,11 +74,11 @@ class Unswitched:
     def __init__(self, pid: int) -> None:
         from bcc import BPF  # the real kernel: imported only where a test runs one
 
-        task = struct_member_offsets("task_struct", ["pid", "tgid", "se", "nvcsw", "nivcsw"])
-        entity = struct_member_offsets("sched_entity", ["sum_exec_runtime"])
-        cflags = [f"-DWATCHED={pid}", f"-DPID={task['pid']}", f"-DTGID={task['tgid']}",
-                  f"-DRUNTIME={task['se'] + entity['sum_exec_runtime']}", f"-DNVCSW={task['nvcsw']}",
-                  f"-DNIVCSW={task['nivcsw']}", f"-DMIN_GAP_NS={layout.STOLEN_MIN_NS}ull"]
+        task = read_task_layout()
+        assert task.se_runtime is not None and task.switches is not None, task
+        cflags = [f"-DWATCHED={pid}", f"-DPID={task.pid}", f"-DTGID={task.tgid}",
+                  f"-DRUNTIME={task.se_runtime}", f"-DNVCSW={task.switches}",
+                  f"-DNIVCSW={task.switches + 8}", f"-DMIN_GAP_NS={layout.STOLEN_MIN_NS}ull"]
         self._bpf: Any = BPF(text=_PROGRAM.encode(), cflags=cflags)
 
     def ns(self, tid: int, start_ns: int, end_ns: int) -> int:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from offcpu_exporter.probe.btf import struct_member_offsets
 from offcpu_exporter.probe.facts import KernelFacts, probe_kernel
+from offcpu_exporter.probe.task_layout import read_task_layout
 from offcpu_exporter.unwind import TableCache, UnwindConfig, Unwinder, UnwindMaps, bpf_text, layout
 
 SOURCE = Path(__file__).resolve().parent / "unwind_harness.bpf.c"
@@ -78,7 +78,7 @@ class Harness:
         cflags = [*self.config.cflags(), f"-DHARNESS_{self.hook.upper()}", "-Wno-macro-redefined",
                   "-Wno-unknown-warning-option"]
         if self.hook == "raw_tracepoint":
-            cflags.append(f"-DTASK_PID_OFFSET={struct_member_offsets('task_struct', ['pid'])['pid']}")
+            cflags.append(f"-DTASK_PID_OFFSET={read_task_layout().pid}")
         self.bpf: Any = BPF(text=bpf_text(SOURCE.read_text()).encode(), cflags=cflags)
         if self.hook == "kprobe":
             for symbol in facts.finish_task_switch or ("finish_task_switch",):

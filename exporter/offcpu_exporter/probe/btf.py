@@ -13,11 +13,11 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["VMLINUX", "Btf", "BtfError", "Member", "read_btf", "struct_member_bit_offsets", "struct_member_offsets"]
+__all__ = ["VMLINUX", "Btf", "BtfError", "Member", "read_btf"]
 
 VMLINUX = "/sys/kernel/btf/vmlinux"
 _MAGIC = 0xEB9F
-_KIND_INT, _KIND_PTR, _KIND_ARRAY, _KIND_STRUCT, _KIND_UNION, _KIND_ENUM = 1, 2, 3, 4, 5, 6
+_KIND_INT, _KIND_PTR, _KIND_STRUCT, _KIND_UNION, _KIND_ENUM = 1, 2, 4, 5, 6
 # Kinds that only qualify or rename another type: typedef, volatile, const, restrict, type_tag.
 _KINDS_QUALIFYING = {8, 9, 10, 11, 18}
 _KIND_ENUM64 = 19
@@ -128,14 +128,3 @@ def read_btf(path: str = VMLINUX) -> Btf:
     except OSError as e:
         raise BtfError(f"cannot read {path}: {e.strerror}") from None
     return Btf(data, path)
-
-
-def struct_member_offsets(struct_name: str, members: Iterable[str], path: str = VMLINUX) -> dict[str, int]:
-    """Byte offsets of `members` of `struct struct_name` (see Btf.struct_members)."""
-    return {name: bits // 8 for name, bits in struct_member_bit_offsets(struct_name, members, path).items()}
-
-
-def struct_member_bit_offsets(struct_name: str, members: Iterable[str], path: str = VMLINUX) -> dict[str, int]:
-    """Bit offsets of `members` of `struct struct_name` (bitfields have no byte offset of their own)."""
-    found = read_btf(path).struct_members(struct_name, members)
-    return {name: member.bit_offset for name, member in found.items()}

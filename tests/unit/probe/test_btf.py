@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from offcpu_exporter.probe.btf import BtfError, struct_member_offsets
+from offcpu_exporter.probe.btf import BtfError, read_btf
 
 
 def _btf(types: list[bytes], strings: bytes) -> bytes:
@@ -38,13 +38,14 @@ def test_members_through_anonymous_unions_and_bitfield_offsets(tmp_path: Path) -
     ]
     path = tmp_path / "btf"
     path.write_bytes(_btf(types, strings))
-    assert struct_member_offsets("task", ["pid", "state", "flags", "missing"], str(path)) == {
+    found = read_btf(str(path)).struct_members("task", ["pid", "state", "flags", "missing"])
+    assert {name: member.bit_offset // 8 for name, member in found.items()} == {
         "pid": 24,
         "state": 12,
         "flags": 0,
     }
     with pytest.raises(BtfError, match="struct other not in"):
-        struct_member_offsets("other", ["pid"], str(path))
+        read_btf(str(path)).struct_members("other", ["pid"])
     path.write_bytes(b"\0" * 32)
     with pytest.raises(BtfError, match="bad magic"):
-        struct_member_offsets("task", ["pid"], str(path))
+        read_btf(str(path))
