@@ -70,7 +70,7 @@ def run_doctor(attach: str = "auto", load: bool = False, out: TextIO = sys.stdou
         _line(out, False, "kernel headers", "none: run scripts/setup (installs linux-headers)")
     elif facts.headers_match:
         _line(out, True, "kernel headers", f"{facts.headers_dir} ({facts.headers_release})")
-    elif facts.task_layout_btf:
+    elif facts.btf:
         _line(out, True, "kernel headers",
               f"{facts.headers_release} at {facts.headers_dir}, not {facts.release}'s: enough, task_struct's "
               "layout is read from BTF")

@@ -69,22 +69,16 @@ class KernelFacts:
         return self.btf and self.version >= (5, 15)
 
     @property
-    def task_layout_btf(self) -> bool:
-        """task_struct's layout readable from BTF: kprobe mode is then exact whatever the
-        headers (probe/task_layout.py)."""
-        return self.btf
-
-    @property
     def kprobe_exact(self) -> bool:
-        """kprobe mode reads prev's task_struct at offsets this kernel's: from BTF, or from
-        headers that match it."""
-        return self.task_layout_btf or self.headers_match
+        """kprobe mode reads prev's task_struct at this kernel's offsets: from BTF
+        (probe/task_layout.py), whatever the headers, or from headers that match it."""
+        return self.btf or self.headers_match
 
     def auto_attach(self) -> tuple[str, str]:
         """The attach mode `auto` chooses, and why: the reference's hook (a kprobe on
         finish_task_switch) wherever it can be attached and read exactly."""
         if self.kprobes and self.finish_task_switch and self.kprobe_exact:
-            source = "BTF" if self.task_layout_btf else "headers that match the kernel"
+            source = "BTF" if self.btf else "headers that match the kernel"
             return "kprobe", f"kprobes available, {self.finish_task_switch[0]} found, task_struct layout from {source}"
         if not self.kprobes:
             why = "kernel has no kprobes (CONFIG_KPROBES/CONFIG_KPROBE_EVENTS not set)"
