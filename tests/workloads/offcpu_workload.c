@@ -16,7 +16,7 @@
  *   bucket  for N x MS ms, threads take one futex hash bucket's lock as fast as they can (a
  *           FUTEX_WAIT whose value never matches returns at once, after the lock): on PREEMPT_RT
  *           that spinlock_t sleeps (TASK_RTLOCK_WAIT) when its holder was preempted
- *                                                                        in offcpu_futex_bucket
+ *                                                                        in offcpu_lock_wait
  *
  * With --wait-go it prints "ready <pid>" and waits for a line on stdin before working, so that the
  * probe is attached first. At the end it prints one JSON line: per thread, its tid, the named
@@ -115,17 +115,7 @@ __attribute__((noinline)) long offcpu_lock_wait(atomic_int *word)
 	return ret;
 }
 
-static atomic_int bucket_word; /* stays 0: every wait on it mismatches */
-
-__attribute__((noinline)) long offcpu_futex_bucket(atomic_int *word)
-{
-	long ret;
-	register long r10 __asm__("r10") = 0;
-	__asm__ volatile("syscall" : "=a"(ret)
-			 : "a"(SYS_futex), "D"(word), "S"(FUTEX_WAIT_PRIVATE), "d"(1), "r"(r10)
-			 : "rcx", "r11", "memory");
-	return ret;
-}
+static atomic_int bucket_word; /* stays 0: every wait on it (for 2) mismatches */
 
 __attribute__((noinline)) void offcpu_child_sleep(int ms)
 {
@@ -216,7 +206,7 @@ __attribute__((noinline)) void bucket_worker(struct thread_result *r)
 	uint64_t end = now_ns() + (uint64_t)iterations * interval_ms * 1000000ull;
 	while (now_ns() < end) {
 		uint64_t c0 = thread_cpu_ns(), t0 = now_ns();
-		offcpu_futex_bucket(&bucket_word);
+		offcpu_lock_wait(&bucket_word);
 		uint64_t dt = now_ns() - t0, dc = thread_cpu_ns() - c0;
 		r->blocked_ns += dt;
 		r->blocked_off_ns += dt > dc ? dt - dc : 0;
@@ -325,7 +315,7 @@ static void *thread_main(void *arg)
 		r->function = "offcpu_pipe_read";
 		pipe_worker(r);
 	} else if (!strcmp(mode, "bucket")) {
-		r->function = "offcpu_futex_bucket";
+		r->function = "offcpu_lock_wait";
 		bucket_worker(r);
 	} else {
 		r->function = "offcpu_lock_wait";
