@@ -20,6 +20,7 @@ import pytest
 
 from testkit.exporter import ExporterProcess
 from testkit.grafana_dashboard import (
+    RATE_INTERVAL,
     base_name,
     cgroup2_root,
     evaluate_panels,
@@ -76,6 +77,8 @@ def test_every_dashboard_query_returns_data(tmp_path: Path, pod_cgroup: Path) ->
                     # Narrowed to the pod's namespace: only the pod's process is left.
                     shop, shop_options = resolve_variables(dashboard, prom, started - 30, at, {"namespace": ["shop"]})
                     shop_results = evaluate_panels(dashboard, prom, shop, at, int(at - started) + 5)
+                    # The flushes that the scrapes of the rate windows read (see below).
+                    (flushes,) = prom.query(f"offcpu_exporter_last_flush_timestamp_seconds[{RATE_INTERVAL}]", at)
                     scrape = exporter.get("/metrics").decode()
                 finally:
                     prom.stop()
@@ -103,16 +106,28 @@ def test_every_dashboard_query_returns_data(tmp_path: Path, pod_cgroup: Path) ->
     assert any(r["metric"]["call_path"].endswith(";sleep_worker;offcpu_sleep_ms")
                for r in shop_results["Call paths / A"])
     assert shop_options["stack_id"] and set(shop_options["stack_id"]) < set(options["stack_id"])
+    # The rates below are figures over the time the counters counted. rate() divides the increase
+    # between a window's first and last scrapes by the time between those scrapes, but a scrape reads
+    # the counters of the newest flush, which count up to that flush. The two spans are equal when both
+    # scrapes read a flush made the same time before them (the flushes' 0.5 s schedule divides the 1 s
+    # scrapes), but not when one of them reads a flush that is more or less stale than the other's: a
+    # flush published in the very moment of a scrape, or late, or a scrape answered late, all of which
+    # CPU contention makes (lags from -0.2 s to 1 s were stored), and a flush interval is 5.6% of the
+    # 9 s between the first and last scrape. So each figure expected is the one over the flushes' span,
+    # divided by the scrapes' span as Prometheus divides it.
+    (first_scrape, first_flush), *_, (last_scrape, last_flush) = [(t, float(v)) for t, v in flushes["values"]]
+    counted = (last_flush - first_flush) / (last_scrape - first_scrape)
     # Per thread: the pod's two sleeping threads by id and name, each off CPU nearly all the time.
     by_thread = {r["metric"].get("tid"): float(r["values"][-1][1]) for r in shop_results["Off-CPU time by thread / A"]}
     workers = {tid: v for tid, v in by_thread.items() if tid not in ("other", str(web.pid))}
-    assert len(workers) == 2 and all(v == pytest.approx(1.0, rel=0.10) for v in workers.values()), by_thread
+    assert len(workers) == 2 and all(v == pytest.approx(counted, rel=0.10) for v in workers.values()), \
+        (by_thread, counted)
     # A figure, not only data: the pod's two threads sleep nearly all the time and its main thread waits
     # in pthread_join all along (counted while it lasts), so the "blocked threads" stat shows about 3
     # (Prometheus' rate() over the last 10 s of a 14 s run).
     blocked = float(shop_results["Blocked threads (average) / A"][0]["values"][-1][1])
-    print(f"blocked threads of the pod's process: {blocked:.3f}")
-    assert blocked == pytest.approx(3.0, rel=0.05)
+    print(f"blocked threads of the pod's process: {blocked:.3f} (expected {3.0 * counted:.3f})")
+    assert blocked == pytest.approx(3.0 * counted, rel=0.05)
     # The pod's process has a container label from containerStatuses too.
     assert 'container="app"' in scrape and 'pod="web-0"' in scrape
     # Every metric the dashboard uses is in the real exposition: with samples, or (lost stacks, before any

@@ -1,6 +1,6 @@
 """The pipeline on the in-memory kernel maps: targets reach the kernel filter, every flush reaches
 every sink (a failing one does not stop the others), what happened to a process is acted on once,
-and the last flush ends the window."""
+flushes keep to a fixed schedule, and the last flush ends the window."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from offcpu_exporter.aggregate import Aggregator
 from offcpu_exporter.clock import ktime_ns
-from offcpu_exporter.pipeline import Pipeline
+from offcpu_exporter.pipeline import Pipeline, next_flush_slot
 from offcpu_exporter.probe import layout
 from offcpu_exporter.sinks import SinkStats
 from offcpu_exporter.snapshot import Counter, Snapshot
@@ -95,6 +95,19 @@ def test_every_flush_reaches_every_sink_and_a_broken_one_is_counted(tmp_path: Pa
     # the history keeps each flush's changed rows
     assert [(h.sequence, h.samples) for h in pipeline.history(3600)] == [
         (first.sequence, tuple(first.changed())), (second.sequence, tuple(second.changed()))]
+
+
+def test_flushes_keep_to_a_fixed_schedule_whatever_they_take() -> None:
+    # 0.5 s flushes that take 10 ms each: the tenth is due 5 s after the first, not 5.1 s (flushes
+    # that drifted by their duration would slip past a steady scraper's reads, see next_flush_slot).
+    slot = 100.0
+    for _ in range(10):
+        slot = next_flush_slot(slot, slot + 0.01, 0.5)
+    assert slot == 105.0
+    # One that took 1.2 s has missed two slots: the next flush is at the next slot, not three in a row.
+    assert next_flush_slot(100.0, 101.2, 0.5) == 101.5
+    # One that ended exactly on a slot (a late wake-up) is not followed by another at once.
+    assert next_flush_slot(100.0, 100.5, 0.5) == 101.0
 
 
 def test_the_last_flush_ends_the_window_and_closes_the_sinks(tmp_path: Path) -> None:
