@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 SOURCE = Path(__file__).resolve().parent.parent / "tests" / "workloads" / "offcpu_workload.c"
+WORKLOAD_COMM = SOURCE.stem  # the comm of its processes and threads (build() names the binary so)
 _BUILD_DIR = Path(os.environ.get("OFFCPU_TEST_BUILD", Path(tempfile.gettempdir()) / "offcpu-test-build"))
 
 

@@ -82,6 +82,7 @@ def test_perf_event_tracepoint_variant() -> None:
     pytest.param("mutex", 3, 40, 5, marks=[pytest.mark.kernel_hook, pytest.mark.kernel_truth]),
     ("sleep", 2, 1, 1500),  # off CPU for the whole window, in one block
 ])
+@pytest.mark.cpu_clock_truth
 def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe, mode: str, threads: int, iterations: int,
                                           interval_ms: int) -> None:
     with Workload(mode, threads=threads, iterations=iterations, interval_ms=interval_ms) as w:
@@ -94,6 +95,7 @@ def test_on_cpu_plus_off_cpu_is_wall_time(probe: Probe, mode: str, threads: int,
 
 
 @pytest.mark.parametrize("readers", [pytest.param(1, marks=pytest.mark.kernel_events), 2])
+@pytest.mark.cpu_clock_truth  # blocked_off_ns: the call's time minus the CPU clock's share of it
 def test_pipe_reader_blocks_in_pipe_read(readers: int, probe: Probe) -> None:
     with Workload("pipe", threads=readers, iterations=40, interval_ms=10) as w:
         result, snap = observe(w, probe=probe)

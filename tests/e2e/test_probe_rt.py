@@ -13,8 +13,9 @@ import pytest
 from offcpu_exporter.probe.loader import Probe
 from offcpu_exporter.snapshot import ZERO, Reason
 from testkit.inprocess import in_window, kernel_names, observe, total
-from testkit.tolerances import WALL
-from testkit.workloads import Workload
+from testkit.switch_trace import SwitchTrace
+from testkit.tolerances import COUNT, EDGE, SLACK, WALL
+from testkit.workloads import WORKLOAD_COMM, Workload
 
 pytestmark = [pytest.mark.kernel, pytest.mark.rt_kernel]
 
@@ -46,3 +47,30 @@ def test_sleeping_spinlock_waits_are_uninterruptible_and_the_sums_stay_exact(pro
     for thread in result.threads:
         off = sum((s.total for s in in_window(snap, thread.tid)), ZERO)
         assert off.ns + thread.oncpu_ns == pytest.approx(thread.wall_ns, rel=WALL), thread
+
+
+@pytest.mark.parametrize(("mode", "threads", "iterations", "interval_ms"), [
+    ("mutex", 3, 40, 5),  # on and off CPU in turns, preempted while holding the lock
+    ("pipe", 1, 40, 10),  # woken by a writer
+])
+def test_off_cpu_is_the_time_between_the_kernels_own_switches(mode: str, threads: int, iterations: int,
+                                                              interval_ms: int) -> None:
+    """Here the kernel's CPU clock is no truth for on-CPU time (it charges runs from before their
+    switch-in: docs/kernel-matrix.md), so off-CPU is checked against the kernel's own record of the
+    threads' switches instead (ftrace's sched_switch event, no BPF), per thread, in its window.
+    The trace is switched on before the probe attaches: a tracepoint calls its handlers in the order
+    they were attached, and with the trace's first, both stamp each switch before the probe's own
+    work on it (a stack walk after a switch-out, ~0.1 ms under the matrix's emulation, would
+    otherwise be taken off every block in the trace's figures)."""
+    with (SwitchTrace(comm=WORKLOAD_COMM) as trace,
+          Workload(mode, threads=threads, iterations=iterations, interval_ms=interval_ms) as w):
+        result, snap = observe(w)
+    assert trace.lost == 0, f"the trace buffer overflowed: {trace.lost} events lost"
+    for thread in result.threads:
+        traced_ns, traced_outs = trace.off_cpu(thread.tid, thread.opened_ns, thread.opened_ns + thread.wall_ns)
+        rows = in_window(snap, thread.tid)
+        # Time a running thread lost without a switch (Reason.STOLEN) is in no switch record.
+        switched = total([s for s in rows if s.reason is not Reason.STOLEN])
+        assert switched.ns == pytest.approx(traced_ns, rel=EDGE), (thread, traced_ns)
+        assert switched.count == pytest.approx(traced_outs, rel=COUNT, abs=SLACK), (thread, traced_outs)
+        assert total(rows).ns <= thread.wall_ns, thread

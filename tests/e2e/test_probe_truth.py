@@ -223,6 +223,7 @@ def _runs(pid: int) -> str:
 
 @pytest.mark.kernel_hook
 @pytest.mark.kernel_truth
+@pytest.mark.cpu_clock_truth  # the pick is read from sum_exec_runtime, checked against schedstat
 def test_a_seeded_block_whose_switch_in_went_unseen_is_counted_up_to_the_pick(probe: Probe) -> None:
     """A block seeded for a thread blocked since before it was watched (in_progress.py), whose
     switch-in the probe did not see (this machine's kernel hides some; or the thread woke while it
