@@ -136,3 +136,14 @@ def test_variable_regex_as_grafana_applies_it() -> None:
     assert apply_regex(lines, '/stack_id="([^"]+)"/') == ["b2", "a1"]
     assert apply_regex(lines, '/STACK_ID="(?P<value>a[^"]*)"/i') == ["a1"]
     assert apply_regex(["x", "x", "y"], "") == ["x", "y"]
+
+
+def test_stack_variable_lists_the_busiest_stacks_of_the_range() -> None:
+    # Not label_values() sorted alphabetically: its first value, the one the dashboard opens on, could be
+    # a stack with no off-CPU time in the range (counted once at start-up), and the stack panels empty.
+    var = {v["name"]: v for v in load()["templating"]["list"]}["stack_id"]
+    query = var["query"]["query"]
+    assert query.startswith("query_result(sort_desc(topk(") and "[$__range]" in query and "> 0" in query, query
+    assert var["query"]["qryType"] == 3 and query == f"query_result({var['query']['varQuery']})"
+    assert var["sort"] == 0 and var["regex"] == '/stack_id="([^"]+)"/' and not var["multi"]
+    assert var["refresh"] == 2  # on time range change: $__range follows the dashboard
