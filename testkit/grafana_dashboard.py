@@ -71,12 +71,25 @@ def queries(dashboard: Mapping[str, Any]) -> list[Query]:
                                  bool(target.get("instant")) and not target.get("range")))
     for var in dashboard.get("templating", {}).get("list", []):
         if var.get("type") == "query" and _is_prometheus(var.get("datasource")):
-            query = var["query"]["query"] if isinstance(var["query"], Mapping) else var["query"]
-            m = re.fullmatch(r"\s*label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)\s*", query)
+            query = variable_query(var)
+            if m := _QUERY_RESULT.fullmatch(query):
+                out.append(Query(f"variable {var['name']}", m[1], True, True))
+                continue
+            m = _LABEL_VALUES.fullmatch(query)
             assert m, f"variable {var['name']}: unsupported query {query!r}"
             # label_values(selector, label) == the label's values among the selector's series.
             out.append(Query(f"variable {var['name']}", f"group by ({m[2]}) ({m[1]})", True, True))
     return out
+
+
+# The two kinds of Prometheus variable query the dashboard uses, as Grafana's PrometheusMetricFindQuery
+# recognizes them in the query string.
+_LABEL_VALUES = re.compile(r"\s*label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)\s*")
+_QUERY_RESULT = re.compile(r"\s*query_result\((.+)\)\s*", re.DOTALL)
+
+
+def variable_query(var: Mapping[str, Any]) -> str:
+    return str(var["query"]["query"] if isinstance(var["query"], Mapping) else var["query"])
 
 
 def metric_names(expr: str) -> set[str]:
@@ -141,17 +154,69 @@ def label_values(prom: PrometheusServer, selector: str, label: str, start: float
     return sorted(v for v in data if v)
 
 
+def query_result_lines(prom: PrometheusServer, expr: str, end: float) -> list[str]:
+    """query_result(expr) as Grafana lists it: an instant query at the end of the dashboard's time range,
+    each result one line `name{k="v",...} value timestamp_ms` in Prometheus' order (for the regex)."""
+    data = api(prom, "/api/v1/query", query=expr, time=f"{end:.3f}")
+    assert data["resultType"] == "vector", data
+    lines = []
+    for r in data["result"]:
+        labels = dict(r["metric"])
+        name = labels.pop("__name__", "")
+        ts, value = r["value"]
+        ms = float(ts) * 1000
+        lines.append(name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+                     f" {value} {int(ms) if ms.is_integer() else ms}")
+    return lines
+
+
+def apply_regex(texts: list[str], regex: str) -> list[str]:
+    """A variable's regex applied to its values as Grafana does (metricNamesToVariableValues): values it
+    does not match are dropped, a capture group (or a group named `value`) replaces the value with what it
+    caught, and duplicates go, the first kept. Grafana writes the regex as /pattern/flags (JavaScript)."""
+    if not regex:
+        return list(dict.fromkeys(texts))
+    m = re.fullmatch(r"/(.*)/([a-z]*)", regex, re.DOTALL)
+    assert m and set(m[2]) <= {"i"}, f"unsupported variable regex {regex!r}"  # no /g: one match a value
+    pattern = re.compile(m[1], re.IGNORECASE if "i" in m[2] else 0)
+    out = []
+    for text in texts:
+        found = pattern.search(text)
+        if not found:
+            continue
+        if found.groupdict().get("value"):
+            out.append(found["value"])
+        else:
+            out.append(found[1] if pattern.groups else found[0])
+    return list(dict.fromkeys(out))
+
+
 def resolve_variables(dashboard: Mapping[str, Any], prom: PrometheusServer, start: float, end: float,
                       chosen: Mapping[str, list[str]]) -> tuple[dict[str, str], dict[str, list[str]]]:
-    """Values as Grafana would substitute them, and each variable's options (as Prometheus listed them)."""
+    """Values as Grafana would substitute them, and each variable's options (as Prometheus listed them).
+
+    start..end is the dashboard's time range: label_values() lists the series seen in it, query_result()
+    is evaluated at its end with $__range its length. A variable that is neither chosen nor "All" takes
+    its first option, as Grafana does when it has no current value among the options."""
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     values: dict[str, str] = {}
     options: dict[str, list[str]] = {}
+    # Grafana's $__range in a variable query: the dashboard's time range in whole seconds.
+    range_ = f"{round(end - start)}s"
     for name in VARIABLE_ORDER:
         var = variables[name]
-        m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", var["query"]["query"])
-        assert m, var["query"]
-        found = label_values(prom, substitute(m[1], values, RATE_INTERVAL, "1m"), m[2], start, end)
+        query = variable_query(var)
+        if m := _QUERY_RESULT.fullmatch(query):
+            found = apply_regex(query_result_lines(prom, substitute(m[1], values, RATE_INTERVAL, range_), end),
+                                var.get("regex", ""))
+            # sort 0 keeps the query's order (e.g. busiest first); 1 is alphabetical.
+            assert var.get("sort", 0) in (0, 1), (name, var.get("sort"))
+            if var.get("sort"):
+                found.sort()
+        else:
+            m = _LABEL_VALUES.fullmatch(query)
+            assert m, var["query"]
+            found = label_values(prom, substitute(m[1], values, RATE_INTERVAL, "1m"), m[2], start, end)
         options[name] = found
         picked = chosen.get(name)
         if picked is not None:

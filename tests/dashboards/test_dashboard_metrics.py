@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from testkit.grafana_dashboard import FIXED_METRICS, base_name, load, metric_names, queries
+from testkit.grafana_dashboard import FIXED_METRICS, apply_regex, base_name, load, metric_names, queries
 
 
 def test_every_metric_is_a_fixed_name() -> None:
@@ -126,3 +126,24 @@ def test_process_and_stack_panels_follow_the_identity_variables() -> None:
                 continue  # each asks for the values of its own label, narrowed by the ones before it
             assert not missing, f"{query.where}: {selector[0]} not narrowed by {missing}"
     assert checked >= 15
+
+
+def test_variable_regex_as_grafana_applies_it() -> None:
+    # query_result() lines in Grafana's format; a capture group keeps what it caught, lines it does not
+    # match are dropped, duplicates go and the order stays (sort 0 leaves it to the query).
+    lines = ['{stack_id="b2"} 7.5 1765134000123', '{stack_id="a1"} 0.25 1765134000123', "{} 3 1765134000123",
+             '{stack_id="b2"} 1 1765134000123']
+    assert apply_regex(lines, '/stack_id="([^"]+)"/') == ["b2", "a1"]
+    assert apply_regex(lines, '/STACK_ID="(?P<value>a[^"]*)"/i') == ["a1"]
+    assert apply_regex(["x", "x", "y"], "") == ["x", "y"]
+
+
+def test_stack_variable_lists_the_busiest_stacks_of_the_range() -> None:
+    # Not label_values() sorted alphabetically: its first value, the one the dashboard opens on, could be
+    # a stack with no off-CPU time in the range (counted once at start-up), and the stack panels empty.
+    var = {v["name"]: v for v in load()["templating"]["list"]}["stack_id"]
+    query = var["query"]["query"]
+    assert query.startswith("query_result(sort_desc(topk(") and "[$__range]" in query and "> 0" in query, query
+    assert var["query"]["qryType"] == 3 and query == f"query_result({var['query']['varQuery']})"
+    assert var["sort"] == 0 and var["regex"] == '/stack_id="([^"]+)"/' and not var["multi"]
+    assert var["refresh"] == 2  # on time range change: $__range follows the dashboard

@@ -1,9 +1,10 @@
 """Every PromQL expression of the Grafana dashboard, evaluated by a real Prometheus server (Debian's
 package) that scraped a real `offcpu-exporter serve` watching workloads, returns data.
 
-The dashboard variables are resolved the way Grafana does: each label_values() variable is asked of
-Prometheus in order (instance, namespace, pod, container, comm, pid, stack_id), multi-value "All" becomes the
-regex of the values (or the variable's allValue), and $__rate_interval / $__range become windows.
+The dashboard variables are resolved the way Grafana does: each variable is asked of Prometheus in order
+(instance, namespace, pod, container, comm, pid: label_values(); stack_id: query_result() of the busiest
+stacks, its regex applied), multi-value "All" becomes the regex of the values (or the variable's allValue),
+a single-value variable takes its first value, and $__rate_interval / $__range become windows.
 One workload runs in a kubelet-shaped cgroup of a pod that a fake Kubernetes API (TLS, token) knows,
 so the namespace/pod/container variables and labels are real too; the others are plain host processes.
 The exporter runs with --per-thread, so the per-thread panel has threads to show.
