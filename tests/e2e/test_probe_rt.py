@@ -57,10 +57,7 @@ def test_off_cpu_is_the_time_between_the_kernels_own_switches(mode: str, threads
                                                               interval_ms: int) -> None:
     """Here the kernel's CPU clock is no truth for on-CPU time (it charges runs from before their
     switch-in: docs/kernel-matrix.md), so off-CPU is checked against the kernel's own record of the
-    threads' switches instead (ftrace's sched_switch event, no BPF), per thread over its whole life
-    (which the probe watched from its start: the threads are created after go), so that both count
-    the same blocks; a window's edges cut preemptions in the thread's start and exit code, which
-    the record's timestamps cannot tell from the window's own.
+    threads' switches instead (ftrace's sched_switch event, no BPF), per thread, in its window.
     The trace is switched on before the probe attaches: a tracepoint calls its handlers in the order
     they were attached, and with the trace's first, both stamp each switch before the probe's own
     work on it (a stack walk after a switch-out, ~0.1 ms under the matrix's emulation, would
@@ -70,10 +67,10 @@ def test_off_cpu_is_the_time_between_the_kernels_own_switches(mode: str, threads
         result, snap = observe(w)
     assert trace.lost == 0, f"the trace buffer overflowed: {trace.lost} events lost"
     for thread in result.threads:
-        traced_ns, traced_blocks = trace.off_cpu(thread.tid)
-        mine = [s for s in snap.samples if s.tid == thread.tid]
+        traced_ns, traced_outs = trace.off_cpu(thread.tid, thread.opened_ns, thread.opened_ns + thread.wall_ns)
+        rows = in_window(snap, thread.tid)
         # Time a running thread lost without a switch (Reason.STOLEN) is in no switch record.
-        switched = total([s for s in mine if s.reason is not Reason.STOLEN])
+        switched = total([s for s in rows if s.reason is not Reason.STOLEN])
         assert switched.ns == pytest.approx(traced_ns, rel=EDGE), (thread, traced_ns)
-        assert switched.count == pytest.approx(traced_blocks, rel=COUNT, abs=SLACK), (thread, traced_blocks)
-        assert total(in_window(snap, thread.tid)).ns <= thread.wall_ns, thread
+        assert switched.count == pytest.approx(traced_outs, rel=COUNT, abs=SLACK), (thread, traced_outs)
+        assert total(rows).ns <= thread.wall_ns, thread
