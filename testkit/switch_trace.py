@@ -71,11 +71,11 @@ class SwitchTrace:
             self.switches.append(Switch(int(seconds) * 1_000_000_000 + int(micros.ljust(9, "0")[:9]),
                                         int(prev), state, int(nxt)))
 
-    def off_cpu(self, tid: int, start_ns: int, end_ns: int) -> tuple[int, int]:
+    def off_cpu(self, tid: int, start_ns: int, end_ns: int) -> int:
         """Thread `tid`'s time off CPU inside [start_ns, end_ns] (from each of its switch-outs to
-        its next switch-in, clipped to the window) and how many of its switch-outs fall inside.
-        Raises if its switches do not alternate out, in: the record is then no truth."""
-        off = outs = 0
+        its next switch-in, clipped to the window). Raises if its switches do not alternate out,
+        in: the record is then no truth."""
+        off = 0
         out_at: int | None = None
         running: bool | None = None  # unknown before its first event
         for s in self.switches:
@@ -83,14 +83,13 @@ class SwitchTrace:
                 if running is False:
                     raise AssertionError(f"thread {tid} switched out twice without a switch-in ({s})")
                 running, out_at = False, s.ts_ns
-                outs += start_ns <= s.ts_ns <= end_ns
             if s.next == tid:
                 if running is True:
                     raise AssertionError(f"thread {tid} switched in twice without a switch-out ({s})")
                 if out_at is not None:
                     off += max(0, min(s.ts_ns, end_ns) - max(out_at, start_ns))
                 running, out_at = True, None
-        return off, outs
+        return off
 
     @staticmethod
     def _read(name: str) -> str:
