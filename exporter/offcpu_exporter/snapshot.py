@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
+from offcpu_exporter.frozen_init import quick_init
+
 __all__ = [
     "HISTOGRAM_BUCKETS_US",
     "SWITCH_REASONS",
@@ -62,6 +64,7 @@ class FrameKind(enum.Enum):
     PLACEHOLDER = "placeholder"  # [lost stack], [unknown]; never has an address
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One symbolized frame. `name` is what people read; unresolved frames are placeholders
@@ -88,6 +91,7 @@ class Frame:
         return self.module.rsplit("/", 1)[-1]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Stack:
     """A symbolized off-CPU stack: the user half and the kernel half, each leaf first."""
@@ -177,6 +181,7 @@ def _stack_id(stack: Stack) -> str:
     return value
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Counter:
     """Switch count and off-CPU nanoseconds (the reference's Times and Deltas)."""
@@ -208,6 +213,7 @@ class LostHalf(NamedTuple):
     reason: str  # an errno name (ENOMEM: the stack map was full; EFAULT: not captured) or "RECLAIMED"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ProcessKey:
     """A process identity that survives PID reuse: the pid and its start time in clock ticks
@@ -228,6 +234,7 @@ class ProcessKey:
 Where = tuple[str, str, str]  # (namespace, pod, container)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ProcessInfo:
     key: ProcessKey
@@ -255,6 +262,7 @@ class ProcessInfo:
         return (self.namespace, self.pod, self.container)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StackSample:
     """One row of the per-stack table: cumulative totals since the exporter started and the
@@ -274,6 +282,7 @@ class StackSample:
 HISTOGRAM_BUCKETS_US: tuple[int, ...] = tuple(1 << i for i in range(26))
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Blocked:
     """Threads of a process off CPU right now, for one reason: how many, and since when the one
@@ -287,6 +296,7 @@ class Blocked:
         return self.longest_ns / 1e9
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ThreadView:
     """One thread's cumulative totals (only with --per-thread; `name` is its comm when first seen)."""
@@ -297,6 +307,7 @@ class ThreadView:
     by_reason: Mapping[Reason, Counter]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ProcessView:
     info: ProcessInfo
@@ -310,6 +321,7 @@ class ProcessView:
     threads: Mapping[int, ThreadView] = field(default_factory=lambda: MappingProxyType({}))
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Health:
     """The exporter's own counters (cumulative since start unless said otherwise)."""
@@ -346,6 +358,7 @@ class Health:
     targets: int = 0
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Rollup:
     """Blocks summed over processes, exited ones included: increases accumulated as they were
@@ -356,6 +369,7 @@ class Rollup:
     histogram: tuple[int, ...] = ()  # as ProcessView.histogram
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     sequence: int  # 0 for the empty snapshot before the first flush
