@@ -213,22 +213,14 @@ class LostHalf(NamedTuple):
     reason: str  # an errno name (ENOMEM: the stack map was full; EFAULT: not captured) or "RECLAIMED"
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class ProcessKey:
+class ProcessKey(NamedTuple):
     """A process identity that survives PID reuse: the pid and its start time in clock ticks
     since boot (field 22 of /proc/PID/stat)."""
 
+    # A NamedTuple, hashed in C: a key of every per-process and per-stack table of the aggregator,
+    # hashed about twenty times per process and flush (as a dataclass, each a Python call).
     pid: int
     start_ticks: int
-    _hash: int = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # Part of every per-stack key of the aggregator, hashed several times per stack and flush.
-        object.__setattr__(self, "_hash", hash((self.pid, self.start_ticks)))
-
-    def __hash__(self) -> int:
-        return self._hash
 
 
 Where = tuple[str, str, str]  # (namespace, pod, container)
