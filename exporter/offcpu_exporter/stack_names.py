@@ -289,11 +289,17 @@ class StackNames:
                 self._unresolved[key] = (generations[pid], give_up_at)
 
 
-def lost_halves(user_id: int, kernel_id: int, stack: Stack) -> list[LostHalf]:
+_NONE_LOST: tuple[LostHalf, ...] = ()
+
+
+def lost_halves(user_id: int, kernel_id: int, stack: Stack) -> Sequence[LostHalf]:
     """Each half of a stack that was lost, and why; none for most stacks (checked first)."""
+    # (A half of another length is not _RECLAIMED: tuples compare their lengths last, after
+    # a Python-level Frame.__eq__ on their first frames, for every stack counted.)
     if user_id >= layout.STACK_RESERVED and kernel_id >= layout.STACK_RESERVED and \
-            stack.user != _RECLAIMED and stack.kernel != _RECLAIMED:
-        return []
+            (len(stack.user) != 1 or stack.user != _RECLAIMED) and \
+            (len(stack.kernel) != 1 or stack.kernel != _RECLAIMED):
+        return _NONE_LOST
     out = []
     for half, sid, frames in (("user", user_id, stack.user), ("kernel", kernel_id, stack.kernel)):
         if layout.STACK_ERRNO_BASE <= sid < layout.STACK_RESERVED:
