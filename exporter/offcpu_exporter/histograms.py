@@ -47,6 +47,8 @@ class Histograms:
         self._read[tgid] = slots
         if last is None:
             inc = slots
+            if not any(inc):
+                return None
         elif slots == last:
             return None
         else:
@@ -54,8 +56,9 @@ class Histograms:
             inc = list(map(operator.sub, slots, last))
             if min(inc) < 0:
                 inc = slots  # deleted and re-created since
-        if not any(inc):
-            return None
+                if not any(inc):
+                    return None
+            # (Else some slot grew: the slots differ and none is lower.)
         total = self._totals.get(info.key)
         if total is None:
             total = self._totals[info.key] = [0] * layout.HIST_SLOTS
@@ -68,9 +71,11 @@ class Histograms:
         map_sizes() would otherwise count with a system call per entry)."""
         hist = self.probe.read_hist()
         latest = self.processes.latest
-        # Summed per container first, then into the rollups once per container: thousands of
-        # processes' histograms grow at every flush, in a handful of containers.
-        growth: dict[Where, list[int]] = {}
+        # Summed per container, then into the rollups once per container: thousands of processes'
+        # histograms grow at every flush, in a handful of containers. The growths are collected
+        # and summed slot by slot at the end, in C (map(sum, zip(...))), rather than added one by
+        # one into a running sum. (Keyed by length too: zip() would cut longer slots short.)
+        growth: dict[tuple[Where, int], list[list[int]]] = {}
         for tgid, slots in hist.items():
             holder = latest(tgid)
             if holder is None:
@@ -78,16 +83,14 @@ class Histograms:
             inc = self._increase(holder, tgid, slots)
             if inc is None:
                 continue
-            where = holder.where
-            summed = growth.get(where)
-            if summed is None:
-                growth[where] = list(inc)  # a copy: `inc` may be the slots kept as last read
-            elif len(summed) == len(inc):
-                summed[:] = map(operator.add, summed, inc)
+            where = (holder.namespace, holder.pod, holder.container)  # (holder.where, without its call)
+            incs = growth.get((where, len(inc)))
+            if incs is None:
+                growth[(where, len(inc))] = [inc]
             else:
-                self.rollups.add_blocks(where, inc)  # (slots of another length: added alone)
-        for where, inc in growth.items():
-            self.rollups.add_blocks(where, inc)
+                incs.append(inc)
+        for (where, _), incs in growth.items():
+            self.rollups.add_blocks(where, list(map(sum, zip(*incs, strict=True))) if len(incs) > 1 else incs[0])
         return len(hist)
 
     def take(self, tgid: int, owner: ProcessInfo | None) -> None:
