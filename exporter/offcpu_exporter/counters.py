@@ -31,7 +31,7 @@ def increase(current: CounterValue, previous: CounterValue | None) -> CounterVal
     return current if min(diff) < 0 else CounterValue._make(diff)
 
 
-@dataclass
+@dataclass(slots=True)  # one per kernel key
 class _KeyState:
     value: CounterValue
     idle: int = 0

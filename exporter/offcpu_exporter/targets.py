@@ -102,7 +102,7 @@ def _is_thread_group_leader(pid: int, proc_root: str) -> bool:
     return False
 
 
-@dataclass
+@dataclass(slots=True)  # one per process
 class _Entry:
     info: ProcessInfo
     watched: bool  # in the kernel filter (False: known only for attribution, e.g. --all)
