@@ -393,21 +393,25 @@ def _blocked_now(blocked: dict[int, StartEntry], at: int,
     """The blocks going on at `at`, per process and reason: how many threads, and the longest."""
     # Summed by (tgid, reason) first: tens of thousands of blocked threads, a few per process.
     earliest: dict[tuple[int, int], list[int]] = {}  # -> [threads, earliest start]
-    for block in blocked.values():
-        seen = earliest.get((block.tgid, block.reason))
+    for ts_ns, _, _, tgid, reason_value, _ in blocked.values():  # (unpacked: no attribute calls)
+        seen = earliest.get((tgid, reason_value))
         if seen is None:
-            earliest[(block.tgid, block.reason)] = [1, block.ts_ns]
+            earliest[(tgid, reason_value)] = [1, ts_ns]
         else:
             seen[0] += 1
-            seen[1] = min(seen[1], block.ts_ns)
+            if ts_ns < seen[1]:
+                seen[1] = ts_ns
     out: dict[ProcessKey, dict[Reason, Blocked]] = {}
+    latest = processes.latest
     for (tgid, reason_value), (threads, since) in earliest.items():
-        holder = processes.latest(tgid)
+        holder = latest(tgid)
         if holder is None:
             continue
-        reasons = out.setdefault(holder.key, {})
+        reasons = out.get(holder.key)
+        if reasons is None:
+            reasons = out[holder.key] = {}
         reason = _REASONS.get(reason_value, Reason.OTHER)
-        longest = max(0, at - since)
+        longest = at - since if at > since else 0
         seen_blocked = reasons.get(reason)  # several kernel reasons shown as OTHER
         reasons[reason] = Blocked(threads, longest) if seen_blocked is None else Blocked(
             seen_blocked.threads + threads, max(seen_blocked.longest_ns, longest))
