@@ -302,8 +302,11 @@ class Aggregator:
         self._counted = set()
         hist_entries = self.histograms.read()
         if self.processes.version != self._infos_version:
+            # Only the processes changed since (see ProcessTable.changed_since()).
+            changed = self.processes.changed_since(self._infos_version)
             self._infos_version = self.processes.version
-            for pid in self.processes.watched_pids():
+            watched = self.processes.watched
+            for pid in self.processes.watched_pids() if changed is None else [p for p in changed if watched(p)]:
                 info = self.processes.info(pid)
                 if info is not None:
                     self._infos[info.key] = info
