@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import NamedTuple
 
 from offcpu_exporter.clock import ktime_ns, wall_ns_at
 from offcpu_exporter.counters import CounterDiff
@@ -66,12 +65,18 @@ class AggregateConfig:
     thread_names: bool = True
 
 
-class _ViewParts(NamedTuple):
-    """What a process's view holds that changes only when its totals do."""
+class _ViewParts:
+    """What a process's view holds that changes only when its totals do, and the last view made
+    with them: a process whose totals, histogram and information did not change and that has no
+    thread blocked at the flush is shown by the same view again, instead of a new one per flush."""
 
-    total: Counter
-    by_reason: Mapping[Reason, Counter]
-    threads: Mapping[int, ThreadView]
+    __slots__ = ("by_reason", "threads", "total", "view")
+
+    def __init__(self, total: Counter, by_reason: Mapping[Reason, Counter], threads: Mapping[int, ThreadView]) -> None:
+        self.total = total
+        self.by_reason = by_reason
+        self.threads = threads
+        self.view: ProcessView | None = None
 
 
 class Aggregator:
@@ -192,20 +197,28 @@ class Aggregator:
         rows = group.split()
         pkey = info.key
         add = self._rows.add
+        stack_of = self.stacks.stack
         by_reason: dict[Reason, Counter] | None = None
         of_thread: dict[Reason, Counter] | None = None
         for (user_id, kernel_id), inc in rows:
-            if not inc:
+            if not inc.count and not inc.ns:  # (not Counter.__bool__: a Python call per row)
                 continue
             if by_reason is None:  # made only for a process with something counted
-                by_reason = self._process_totals.setdefault(pkey, {})
+                by_reason = self._process_totals.get(pkey)
+                if by_reason is None:
+                    by_reason = self._process_totals[pkey] = {}
+                    # Every process with totals is in _infos (the snapshot's processes are those).
+                    self._infos.setdefault(pkey, info)
                 if tid:
                     of_thread = self._thread_totals.setdefault(pkey, {}).setdefault(tid, {})
-            stack = self.stacks.stack(symbol_pid, user_id, kernel_id)
+            stack = stack_of(symbol_pid, user_id, kernel_id)
             add((pkey, tid, reason, stack), inc)
-            by_reason[reason] = by_reason.get(reason, ZERO) + inc
+            # (Counters are immutable: a first increase is the total itself, without an addition.)
+            seen = by_reason.get(reason)
+            by_reason[reason] = inc if seen is None else seen + inc
             if of_thread is not None:
-                of_thread[reason] = of_thread.get(reason, ZERO) + inc
+                seen = of_thread.get(reason)
+                of_thread[reason] = inc if seen is None else seen + inc
             for lost in lost_halves(user_id, kernel_id, stack):
                 self._lost[lost] = self._lost.get(lost, 0) + inc.count
         if by_reason is not None:
@@ -289,25 +302,34 @@ class Aggregator:
         self._counted = set()
         hist_entries = self.histograms.read()
         if self.processes.version != self._infos_version:
+            # Only the processes changed since (see ProcessTable.changed_since()).
+            changed = self.processes.changed_since(self._infos_version)
             self._infos_version = self.processes.version
-            for pid in self.processes.watched_pids():
+            watched = self.processes.watched
+            for pid in self.processes.watched_pids() if changed is None else [p for p in changed if watched(p)]:
                 info = self.processes.info(pid)
                 if info is not None:
                     self._infos[info.key] = info
         off_cpu = _blocked_now(blocked, at_ktime, self.processes)
         views: dict[ProcessKey, ProcessView] = {}
         wheres: set[Where] = set()
-        for pkey in self._infos.keys() | self._process_totals.keys():
-            info = self.processes.info_of(pkey) or self._infos.get(pkey) or ProcessInfo(pkey, "[exited]", exited=True)
-            wheres.add(info.where)
-            parts = self._views.get(pkey)
+        info_of, histogram_of, made = self.processes.info_of, self.histograms.get, self._views
+        # (Every process with totals is in _infos: see _account().)
+        for pkey, known in self._infos.items():
+            info = info_of(pkey) or known
+            wheres.add((info.namespace, info.pod, info.container))  # (info.where, without its call)
+            parts = made.get(pkey)
             if parts is None:
-                parts = self._views[pkey] = self._view_parts(pkey)
+                parts = made[pkey] = self._view_parts(pkey)
             now = off_cpu.get(pkey)
-            views[pkey] = ProcessView(info=info, total=parts.total, by_reason=parts.by_reason,
-                                      histogram=self.histograms.get(pkey),
-                                      blocked=_NOTHING_BLOCKED if now is None else MappingProxyType(now),
-                                      threads=parts.threads)
+            histogram = histogram_of(pkey)
+            view = parts.view
+            if view is None or now is not None or view.blocked is not _NOTHING_BLOCKED or view.info is not info \
+                    or view.histogram is not histogram:
+                view = parts.view = ProcessView(info, parts.total, parts.by_reason, histogram,
+                                                _NOTHING_BLOCKED if now is None else MappingProxyType(now),
+                                                parts.threads)
+            views[pkey] = view
 
         health = self._health_now(duration, counts=len(self.counters), start=len(blocked), hist=hist_entries)
         snapshot = Snapshot(
@@ -374,21 +396,25 @@ def _blocked_now(blocked: dict[int, StartEntry], at: int,
     """The blocks going on at `at`, per process and reason: how many threads, and the longest."""
     # Summed by (tgid, reason) first: tens of thousands of blocked threads, a few per process.
     earliest: dict[tuple[int, int], list[int]] = {}  # -> [threads, earliest start]
-    for block in blocked.values():
-        seen = earliest.get((block.tgid, block.reason))
+    for ts_ns, _, _, tgid, reason_value, _ in blocked.values():  # (unpacked: no attribute calls)
+        seen = earliest.get((tgid, reason_value))
         if seen is None:
-            earliest[(block.tgid, block.reason)] = [1, block.ts_ns]
+            earliest[(tgid, reason_value)] = [1, ts_ns]
         else:
             seen[0] += 1
-            seen[1] = min(seen[1], block.ts_ns)
+            if ts_ns < seen[1]:
+                seen[1] = ts_ns
     out: dict[ProcessKey, dict[Reason, Blocked]] = {}
+    latest = processes.latest
     for (tgid, reason_value), (threads, since) in earliest.items():
-        holder = processes.latest(tgid)
+        holder = latest(tgid)
         if holder is None:
             continue
-        reasons = out.setdefault(holder.key, {})
+        reasons = out.get(holder.key)
+        if reasons is None:
+            reasons = out[holder.key] = {}
         reason = _REASONS.get(reason_value, Reason.OTHER)
-        longest = max(0, at - since)
+        longest = at - since if at > since else 0
         seen_blocked = reasons.get(reason)  # several kernel reasons shown as OTHER
         reasons[reason] = Blocked(threads, longest) if seen_blocked is None else Blocked(
             seen_blocked.threads + threads, max(seen_blocked.longest_ns, longest))

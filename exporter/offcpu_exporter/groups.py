@@ -84,13 +84,21 @@ def add_row(groups: dict[GroupKey, Group], key: CounterKey, inc: CounterValue) -
     """A kernel counter's increase, into its thread's (or process's) group."""
     tgid, tid, reason, user_stack, kernel_stack = key
     blocks, ns, weighted_blocks, weighted_ns = inc
-    group = groups.get((tgid, tid, reason))
+    gkey = (tgid, tid, reason)
+    group = groups.get(gkey)
     if group is None:
-        group = groups[(tgid, tid, reason)] = Group()
+        group = groups[gkey] = Group()
     group.blocks += blocks
     group.ns += ns
     if user_stack or kernel_stack:
-        group.weigh((user_stack, kernel_stack), weighted_blocks, weighted_ns)
+        # group.weigh(), inlined: once per changed kernel key per flush.
+        ids = (user_stack, kernel_stack)
+        w = group.stacks.get(ids)
+        if w is None:
+            group.stacks[ids] = [weighted_blocks, weighted_ns]
+        else:
+            w[0] += weighted_blocks
+            w[1] += weighted_ns
     elif weighted_blocks or weighted_ns:
         # Captured blocks whose own counter could not be created (the map was full).
         group.weigh(FOLDED, weighted_blocks, weighted_ns)

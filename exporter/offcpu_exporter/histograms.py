@@ -47,6 +47,8 @@ class Histograms:
         self._read[tgid] = slots
         if last is None:
             inc = slots
+            if not any(inc):
+                return None
         elif slots == last:
             return None
         else:
@@ -54,12 +56,17 @@ class Histograms:
             inc = list(map(operator.sub, slots, last))
             if min(inc) < 0:
                 inc = slots  # deleted and re-created since
-        if not any(inc):
-            return None
+                if not any(inc):
+                    return None
+            # (Else some slot grew: the slots differ and none is lower.)
         total = self._totals.get(info.key)
-        if total is None:
-            total = self._totals[info.key] = [0] * layout.HIST_SLOTS
-        total[:] = map(operator.add, total, inc)
+        if total is None and last is None and len(slots) == layout.HIST_SLOTS:
+            # The kernel's slots are its total (see read()): kept as they are, the same list.
+            self._totals[info.key] = slots
+        else:
+            if total is None:
+                total = self._totals[info.key] = [0] * layout.HIST_SLOTS
+            total[:] = map(operator.add, total, inc)
         self._shown.pop(info.key, None)
         return inc
 
@@ -68,26 +75,46 @@ class Histograms:
         map_sizes() would otherwise count with a system call per entry)."""
         hist = self.probe.read_hist()
         latest = self.processes.latest
-        # Summed per container first, then into the rollups once per container: thousands of
-        # processes' histograms grow at every flush, in a handful of containers.
-        growth: dict[Where, list[int]] = {}
+        read, totals, shown = self._read, self._totals, self._shown
+        ge = operator.ge
+        # Summed per container, then into the rollups once per container: thousands of processes'
+        # histograms grow at every flush, in a handful of containers. A container's growth is the
+        # sum of its processes' new slots less the sum of their slots read before, summed slot by
+        # slot at the end in C (map(sum, zip(...))) rather than process by process. (Keyed by
+        # length too: zip() would cut longer slots short.)
+        grown: dict[tuple[Where, int], tuple[list[list[int]], list[list[int]]]] = {}
         for tgid, slots in hist.items():
             holder = latest(tgid)
             if holder is None:
                 continue
-            inc = self._increase(holder, tgid, slots)
-            if inc is None:
-                continue
-            where = holder.where
-            summed = growth.get(where)
-            if summed is None:
-                growth[where] = list(inc)  # a copy: `inc` may be the slots kept as last read
-            elif len(summed) == len(inc):
-                summed[:] = map(operator.add, summed, inc)
+            last = read.get(tgid)
+            if last is not None and slots == last:
+                continue  # (and the list read before stays: its identity is tested below)
+            key = holder.key
+            if totals.get(key) is last and last is not None and len(slots) == len(last) and all(map(ge, slots, last)):
+                # Most processes: the total is the kernel's slots, which only grew (nothing was
+                # counted for the process before this kernel entry, nor was it re-created): the
+                # new slots are the new total, without an addition slot by slot.
+                read[tgid] = totals[key] = slots
+                shown.pop(key, None)
+                fewer: list[int] | None = last
             else:
-                self.rollups.add_blocks(where, inc)  # (slots of another length: added alone)
-        for where, inc in growth.items():
-            self.rollups.add_blocks(where, inc)
+                inc = self._increase(holder, tgid, slots)
+                if inc is None:
+                    continue
+                slots, fewer = inc, None
+            where = (holder.namespace, holder.pod, holder.container)  # (holder.where, without its call)
+            sums = grown.get((where, len(slots)))
+            if sums is None:
+                sums = grown[(where, len(slots))] = ([], [])
+            sums[0].append(slots)
+            if fewer is not None:
+                sums[1].append(fewer)
+        for (where, _), (more, less) in grown.items():
+            growth = list(map(sum, zip(*more, strict=True))) if len(more) > 1 else more[0]
+            if less:
+                growth = list(map(operator.sub, growth, map(sum, zip(*less, strict=True))))
+            self.rollups.add_blocks(where, growth)
         return len(hist)
 
     def take(self, tgid: int, owner: ProcessInfo | None) -> None:

@@ -114,8 +114,14 @@ class Pipeline:
     def _prepare_changed(self) -> None:
         """After the filter, so that the kernel counts while a big binary's symbols load: read each
         new target's mappings while it is alive, since it may exit before its first flush."""
+        # Only the pids whose processes changed since the last pass (all of them the first time,
+        # after an exec or a replacement, or when the table's log does not reach back that far):
+        # a pass over every process at every change was O(node) once a second on a busy node.
+        changed = self.processes.changed_since(self._prepared_version)
         self._prepared_version = self.processes.version
-        for pid in self.processes.watched_pids():
+        watched = self.processes.watched_pids() if changed is None else \
+            [pid for pid in changed if self.processes.watched(pid)]
+        for pid in watched:
             current = self.processes.info(pid)
             prepared = self._prepared.get(pid)
             if current is None or prepared == current.key:
@@ -124,7 +130,8 @@ class Pipeline:
             self._prepared[pid] = current.key
             if self.describer is not None and (self.unwind_tables == "all" or not self.probe.config.watch_all):
                 self.describer.want(pid)
-        for pid in [pid for pid in self._prepared if self.processes.latest(pid) is None]:
+        looked_at = self._prepared if changed is None else [pid for pid in changed if pid in self._prepared]
+        for pid in [pid for pid in looked_at if self.processes.latest(pid) is None]:
             del self._prepared[pid]  # expired: the aggregator has dropped what named it
             if self.describer is not None:
                 self.describer.forget(pid)

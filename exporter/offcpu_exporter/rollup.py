@@ -68,7 +68,11 @@ class Rollups:
         sums = self._containers.get(where)
         if sums is None:
             sums = self._containers[where] = _Sums()
-        sums.add(None, blocks, ns)  # (containers' totals only: their histograms' sums)
+        # (Containers' totals only, their histograms' sums: _Sums.add(None, ...) inlined, since
+        # this runs for every process counted at every flush.)
+        sums.blocks += blocks
+        sums.ns += ns
+        sums.rollup = None
 
     def add_blocks(self, where: Where, growth: Sequence[int]) -> None:
         """How much a process's block-duration histogram grew, slot by slot."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
+from offcpu_exporter.frozen_init import quick_init
+
 __all__ = [
     "HISTOGRAM_BUCKETS_US",
     "SWITCH_REASONS",
@@ -62,6 +64,7 @@ class FrameKind(enum.Enum):
     PLACEHOLDER = "placeholder"  # [lost stack], [unknown]; never has an address
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One symbolized frame. `name` is what people read; unresolved frames are placeholders
@@ -88,6 +91,7 @@ class Frame:
         return self.module.rsplit("/", 1)[-1]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Stack:
     """A symbolized off-CPU stack: the user half and the kernel half, each leaf first."""
@@ -177,6 +181,7 @@ def _stack_id(stack: Stack) -> str:
     return value
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Counter:
     """Switch count and off-CPU nanoseconds (the reference's Times and Deltas)."""
@@ -208,26 +213,20 @@ class LostHalf(NamedTuple):
     reason: str  # an errno name (ENOMEM: the stack map was full; EFAULT: not captured) or "RECLAIMED"
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessKey:
+class ProcessKey(NamedTuple):
     """A process identity that survives PID reuse: the pid and its start time in clock ticks
     since boot (field 22 of /proc/PID/stat)."""
 
+    # A NamedTuple, hashed in C: a key of every per-process and per-stack table of the aggregator,
+    # hashed about twenty times per process and flush (as a dataclass, each a Python call).
     pid: int
     start_ticks: int
-    _hash: int = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # Part of every per-stack key of the aggregator, hashed several times per stack and flush.
-        object.__setattr__(self, "_hash", hash((self.pid, self.start_ticks)))
-
-    def __hash__(self) -> int:
-        return self._hash
 
 
 Where = tuple[str, str, str]  # (namespace, pod, container)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ProcessInfo:
     key: ProcessKey
@@ -255,6 +254,7 @@ class ProcessInfo:
         return (self.namespace, self.pod, self.container)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StackSample:
     """One row of the per-stack table: cumulative totals since the exporter started and the
@@ -274,6 +274,7 @@ class StackSample:
 HISTOGRAM_BUCKETS_US: tuple[int, ...] = tuple(1 << i for i in range(26))
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Blocked:
     """Threads of a process off CPU right now, for one reason: how many, and since when the one
@@ -287,6 +288,7 @@ class Blocked:
         return self.longest_ns / 1e9
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ThreadView:
     """One thread's cumulative totals (only with --per-thread; `name` is its comm when first seen)."""
@@ -297,6 +299,7 @@ class ThreadView:
     by_reason: Mapping[Reason, Counter]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ProcessView:
     info: ProcessInfo
@@ -310,6 +313,7 @@ class ProcessView:
     threads: Mapping[int, ThreadView] = field(default_factory=lambda: MappingProxyType({}))
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Health:
     """The exporter's own counters (cumulative since start unless said otherwise)."""
@@ -346,6 +350,7 @@ class Health:
     targets: int = 0
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Rollup:
     """Blocks summed over processes, exited ones included: increases accumulated as they were
@@ -356,6 +361,7 @@ class Rollup:
     histogram: tuple[int, ...] = ()  # as ProcessView.histogram
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     sequence: int  # 0 for the empty snapshot before the first flush

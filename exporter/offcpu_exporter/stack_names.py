@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+from offcpu_exporter.interned import Interned
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.maps import KernelMaps
 from offcpu_exporter.snapshot import Frame, FrameKind, LostHalf, Stack
@@ -118,6 +119,10 @@ class StackNames:
         # Processes with a user stack that stops before its thread's root (a frame-pointer walk
         # through code built without them): the pipeline may have their unwind tables built.
         self._truncated: set[int] = set()
+        # User halves and stacks are named per process, and the same program in a thousand
+        # processes names the same frames a thousand times: equal ones are kept once.
+        self._interned_halves: Interned[tuple[Frame, ...]] = Interned()
+        self._interned_stacks: Interned[Stack] = Interned()
 
     def stack(self, pid: int, user_id: int, kernel_id: int) -> Stack:
         """The stack of these ids, its user half named in the address space of `pid`."""
@@ -132,6 +137,7 @@ class StackNames:
                 return stack
         stack = Stack(self._user_frames(pid, user_id), self._kernel_frames(kernel_id))
         if user_id in self._user_stacks.get(pid, ()) and kernel_id in self._kernel_stacks:
+            stack = self._interned_stacks.one(stack)
             self._stacks.setdefault(pid, {})[(user_id, kernel_id)] = stack
         return stack
 
@@ -187,7 +193,7 @@ class StackNames:
             # Taken before naming: a re-read during it makes the next flush try again, not never.
             generation = self.symbolizer.generation(pid)
             t0 = time.perf_counter_ns()
-            frames = self.symbolizer.user(pid, _call_sites(addresses))
+            frames = self._interned_halves.one(self.symbolizer.user(pid, _call_sites(addresses)))
             self.naming_ns += time.perf_counter_ns() - t0
             if not reaches_root(frames):
                 self._truncated.add(pid)
@@ -289,11 +295,17 @@ class StackNames:
                 self._unresolved[key] = (generations[pid], give_up_at)
 
 
-def lost_halves(user_id: int, kernel_id: int, stack: Stack) -> list[LostHalf]:
+_NONE_LOST: tuple[LostHalf, ...] = ()
+
+
+def lost_halves(user_id: int, kernel_id: int, stack: Stack) -> Sequence[LostHalf]:
     """Each half of a stack that was lost, and why; none for most stacks (checked first)."""
+    # (A half of another length is not _RECLAIMED: tuples compare their lengths last, after
+    # a Python-level Frame.__eq__ on their first frames, for every stack counted.)
     if user_id >= layout.STACK_RESERVED and kernel_id >= layout.STACK_RESERVED and \
-            stack.user != _RECLAIMED and stack.kernel != _RECLAIMED:
-        return []
+            (len(stack.user) != 1 or stack.user != _RECLAIMED) and \
+            (len(stack.kernel) != 1 or stack.kernel != _RECLAIMED):
+        return _NONE_LOST
     out = []
     for half, sid, frames in (("user", user_id, stack.user), ("kernel", kernel_id, stack.kernel)):
         if layout.STACK_ERRNO_BASE <= sid < layout.STACK_RESERVED:

@@ -7,6 +7,7 @@ once (sched_process_exit); this module re-adds nothing that is not a current mat
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
@@ -102,7 +103,7 @@ def _is_thread_group_leader(pid: int, proc_root: str) -> bool:
     return False
 
 
-@dataclass
+@dataclass(slots=True)  # one per process
 class _Entry:
     info: ProcessInfo
     watched: bool  # in the kernel filter (False: known only for attribution, e.g. --all)
@@ -125,6 +126,9 @@ class Replaced:
 
 
 ProcessEvent = Exec | Replaced
+
+
+_CHANGES_KEPT = 1 << 16  # changes logged for changed_since() (a consumer further behind: a full pass)
 
 
 class ProcessTable:
@@ -151,8 +155,10 @@ class ProcessTable:
         # EXITING_RECHECK_SECONDS passed: a non-leader thread's exec also ends the leader).
         self._exiting: dict[int, float] = {}  # pid -> when to stop looking
         # Changes whenever a process is added, exits, exec's or is forgotten: what is derived from
-        # the whole table (the pipeline's per-process preparation) is redone only then.
+        # the whole table (the pipeline's per-process preparation) is redone only then, and only
+        # for the pids changed since (changed_since()), found in a bounded log of the changes.
         self.version = 0
+        self._changes: collections.deque[tuple[int, int]] = collections.deque(maxlen=_CHANGES_KEPT)
         self._exited: dict[ProcessKey, _Entry] = {}  # exited, kept for the grace period
         self._last_exited: dict[int, ProcessKey] = {}  # pid -> the most recent exited holder
         self._pinned: dict[int, ProcessKey | None] = {}  # --pid: the identity asked for
@@ -250,7 +256,7 @@ class ProcessTable:
             )
             self._events.append(Exec(entry.info))
             self._track(pid)
-            self.version += 1
+            self._changed(pid)
         elif not entry.info.pod:
             # (offcpu_exporter/k8s; cheap when nothing changed)
             entry.info = self.enrich(entry.info)
@@ -270,7 +276,7 @@ class ProcessTable:
     def _add(self, info: ProcessInfo, *, watched: bool) -> None:
         self._by_pid[info.pid] = _Entry(info, watched=watched)
         self._track(info.pid)
-        self.version += 1
+        self._changed(info.pid)
 
     def _track(self, pid: int) -> None:
         """Keeps `pid` in the settling set exactly while its process is live and unsettled."""
@@ -302,7 +308,7 @@ class ProcessTable:
         entry = self._by_pid.pop(pid)
         self._settling.discard(pid)
         self._exiting.pop(pid, None)
-        self.version += 1
+        self._changed(pid)
         entry.exited_at = now
         entry.info = replace(entry.info, exited=True)
         self._exited[entry.info.key] = entry
@@ -377,9 +383,33 @@ class ProcessTable:
             del self._exited[entry.info.key]
             if self._last_exited.get(entry.info.pid) == entry.info.key:
                 del self._last_exited[entry.info.pid]
-        if gone:
-            self.version += 1
+            self._changed(entry.info.pid)
         return [e.info for e in gone]
+
+    def _changed(self, pid: int) -> None:
+        self.version += 1
+        self._changes.append((self.version, pid))
+
+    def changed_since(self, version: int) -> set[int] | None:
+        """The pids whose processes were added, exec'd, exited or forgotten after `version` (a
+        value of `self.version`); None when that is further back than the log goes (or < 0): then
+        anything may have changed."""
+        if version == self.version:
+            return set()
+        changes = self._changes
+        if version < 0 or not changes or changes[0][0] > version + 1:
+            return None
+        pids = set()
+        for at, pid in reversed(changes):
+            if at <= version:
+                break
+            pids.add(pid)
+        return pids
+
+    def watched(self, pid: int) -> bool:
+        """Whether the live process with this pid is watched."""
+        entry = self._by_pid.get(pid)
+        return entry is not None and entry.watched
 
     def __len__(self) -> int:
         return len(self.watched_pids())

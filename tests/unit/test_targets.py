@@ -190,3 +190,27 @@ def test_a_process_reported_exiting_that_lives_on_is_let_go(tmp_path: Path,
     table.refresh(now=targets.EXITING_RECHECK_SECONDS + 1, changed=set())
     assert reads == [5, 5]
     assert table.watched_pids() == {5}
+
+
+def test_changed_since_names_the_pids_added_exited_and_forgotten_after_a_version(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for pid in (5, 6, 7):
+        _proc(tmp_path, pid, "worker", 1)
+    table = ProcessTable(TargetRules(comm=re.compile("^work")), proc_root=str(tmp_path))
+    assert table.changed_since(-1) is None  # from nothing: anything may have changed
+    table.refresh(now=0.0)
+    assert table.changed_since(0) == {5, 6, 7} and table.watched(5) and not table.watched(99)
+    seen = table.version
+    assert table.changed_since(seen) == set()
+    (tmp_path / "6" / "stat").unlink()
+    _proc(tmp_path, 8, "worker", 1)
+    table.refresh(changed=[6, 8], now=1.0)
+    assert table.changed_since(seen) == {6, 8} and not table.watched(6)
+    seen = table.version
+    table.expire(60, now=100.0)
+    assert table.changed_since(seen) == {6}
+    monkeypatch.setattr(targets, "_CHANGES_KEPT", 2)
+    short = ProcessTable(TargetRules(comm=re.compile("^work")), proc_root=str(tmp_path))
+    short.refresh(now=0.0)
+    assert short.changed_since(0) is None  # further back than its log goes
+    assert short.changed_since(short.version - 1) is not None

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from offcpu_exporter.interned import Interned
 from offcpu_exporter.snapshot import Frame, FrameKind
 from offcpu_exporter.symbols.filecache import SymbolFileCache
 from offcpu_exporter.symbols.frames import JIT_MODULE, UNKNOWN, VDSO, placeholder
@@ -34,6 +35,7 @@ class UserSymbols:
         self._refresh_interval = maps_refresh_interval
         self._files = SymbolFileCache(max_cached_files)
         self._processes: dict[int, ProcessState] = {}
+        self._frames: Interned[Frame] = Interned()
 
     @property
     def cached_files(self) -> int:
@@ -88,6 +90,8 @@ class UserSymbols:
         frame = self._resolve_in_mapping(proc, mapping, address)
         if frame.kind is FrameKind.PLACEHOLDER and not mapping.is_file and mapping.path != VDSO:
             return frame  # anonymous memory: its perf map may name it later
+        # Processes running the same program name the same frames: each is kept once.
+        frame = self._frames.one(frame)
         proc.cache_frame(address, frame)
         return frame
 
