@@ -91,14 +91,7 @@ def add_row(groups: dict[GroupKey, Group], key: CounterKey, inc: CounterValue) -
     group.blocks += blocks
     group.ns += ns
     if user_stack or kernel_stack:
-        # group.weigh(), inlined: once per changed kernel key per flush.
-        ids = (user_stack, kernel_stack)
-        w = group.stacks.get(ids)
-        if w is None:
-            group.stacks[ids] = [weighted_blocks, weighted_ns]
-        else:
-            w[0] += weighted_blocks
-            w[1] += weighted_ns
+        group.weigh((user_stack, kernel_stack), weighted_blocks, weighted_ns)
     elif weighted_blocks or weighted_ns:
         # Captured blocks whose own counter could not be created (the map was full).
         group.weigh(FOLDED, weighted_blocks, weighted_ns)
