@@ -26,7 +26,7 @@ FIXED_METRICS = frozenset({
         "probe_attached", "probe_hooked_symbol_info", "lost_stacks_total", "map_entries", "map_capacity",
         "map_dropped_total", "dropped_seconds_total", "clamped_seconds_total", "symbolization_failures_total",
         "filtered_blocks_total", "filtered_seconds_total", "blocks_total", "missed_switch_ins_total",
-        "stack_captures_total", "seeded_stacks_total",
+        "stack_captures_total", "seeded_stacks_total", "probe_skipped_runs_total",
         "stack_sampling_ratio", "probe_cpu_seconds_total", "probe_runs_total", "unwind_walks_total",
         "unwind_frames_total", "unwind_processes", "unwind_tables_no_space_total",
         "last_flush_duration_seconds", "last_flush_timestamp_seconds", "flushes_total", "targets", "sink_sent_total",

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.config import ProbeConfig
-from offcpu_exporter.probe.maps import CounterKey, CounterValue, KernelMaps, StartEntry
+from offcpu_exporter.probe.maps import CounterKey, CounterValue, KernelMaps, ProgramRuns, StartEntry
 from offcpu_exporter.probe.stack_ids import stack_id
 from offcpu_exporter.unwind import Unwinder
 
@@ -127,8 +127,8 @@ class MemoryMaps:
                 "start": (len(self.starts), self.config.max_threads),
                 "stacks": (len(self.stacks), self.config.stack_storage)}
 
-    def run_time(self) -> tuple[int, int]:
-        return 0, 0
+    def program_runs(self) -> ProgramRuns:
+        return ProgramRuns(0, 0, 0)
 
     def kernel_targets(self) -> dict[int, int]:
         return dict(self.targets)

@@ -31,6 +31,7 @@ class HealthReport:
         self.wall_bound = wall_bound
         self._stats_read: list[int] = [0] * layout.STAT_MAX
         self._sampled_ratio = 1.0
+        self._skipped_read = 0
         self._warn = RateLimitedLog(log, interval=300.0)
 
     def health(self, duration: float, *, flushes: int, lost_stacks: Mapping[LostHalf, int],
@@ -47,7 +48,13 @@ class HealthReport:
             self._warn.log(logging.WARNING, "%d blocks ended by a switch-in the kernel did not report: counted up "
                            "to when the thread was picked to run (offcpu_exporter_missed_switch_ins_total)", missed)
         self._stats_read = stats
-        run_ns, runs = self.probe.run_time()
+        programs = self.probe.program_runs()
+        if programs.skipped > self._skipped_read:
+            self._warn.log(logging.WARNING, "%d runs of the probe skipped by the kernel (a BPF system call held the "
+                           "CPU's guard): the switches they would have seen went unseen "
+                           "(offcpu_exporter_probe_skipped_runs_total; the raw tracepoint, --attach tracepoint, "
+                           "has no such guard)", programs.skipped - self._skipped_read)
+        self._skipped_read = programs.skipped
         walks: dict[str, int] = {}
         frames: dict[str, int] = {}
         unwinder = self.probe.unwinder
@@ -85,8 +92,9 @@ class HealthReport:
             stack_captures=stats[layout.STAT_CAPTURES],
             stack_sampling=self.probe.config.stack_sampling,
             stack_sampled_ratio=self._sampled_ratio,
-            probe_run_ns=run_ns,
-            probe_runs=runs,
+            probe_run_ns=programs.ns,
+            probe_runs=programs.runs,
+            probe_skipped_runs=programs.skipped,
             symbolization_failures=self.symbolizer.failures,
             flush_duration_seconds=duration,
             flushes=flushes,

@@ -336,6 +336,7 @@ class Health:
     stack_sampled_ratio: float = 1.0  # captures / blocks over the last flush interval
     probe_run_ns: int = 0  # CPU time in the probe's programs (0 unless the kernel times BPF programs)
     probe_runs: int = 0
+    probe_skipped_runs: int = 0  # runs the kernel skipped (its recursion guard): switches not seen
     unwind_walks: Mapping[str, int] = field(default_factory=dict)  # DWARF unwinder: how walks ended
     unwind_frames: Mapping[str, int] = field(default_factory=dict)  # frames stepped, by method
     unwind_processes: int = 0  # processes with unwind tables now

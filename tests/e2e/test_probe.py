@@ -18,6 +18,7 @@ import time
 import pytest
 
 from offcpu_exporter.probe.loader import Probe, ProbeConfig
+from offcpu_exporter.probe.program_stats import parse_fdinfo
 from offcpu_exporter.snapshot import ZERO, Reason
 from testkit.inprocess import (
     ATTACH,
@@ -238,6 +239,19 @@ def test_the_probe_times_itself_when_asked() -> None:
         snap = p.flush_now(FLUSH_TIMEOUT)
     assert snap.health.probe_runs >= 40  # every context switch on the machine runs it
     assert 0 < snap.health.probe_run_ns / snap.health.probe_runs < 100_000
+
+
+def test_the_kernel_reports_the_runs_it_skipped(probe: Probe) -> None:
+    """offcpu_exporter_probe_skipped_runs_total is the kernel's own count (recursion_misses, 5.12+),
+    which it keeps for every program whether or not it times them: each of the probe's programs
+    reports it."""
+    assert probe._bpf is not None
+    fds = [fn.fd for fn in probe._bpf.funcs.values()]
+    assert fds
+    for fd in fds:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
+            assert "recursion_misses" in parse_fdinfo(f.read()), fd
+    assert probe.program_runs().skipped >= 0
 
 
 @pytest.mark.kernel_events

@@ -13,6 +13,8 @@ from offcpu_exporter.probe.attach import ATTACH_MODES, attach, check_mode, choos
 from offcpu_exporter.probe.compile import build_program, import_bcc, load
 from offcpu_exporter.probe.config import ProbeConfig, ProbeError
 from offcpu_exporter.probe.facts import KernelFacts, probe_kernel
+from offcpu_exporter.probe.maps import ProgramRuns
+from offcpu_exporter.probe.program_stats import read_program_runs
 from offcpu_exporter.unwind import TableCache, Unwinder, UnwindMaps
 from offcpu_exporter.unwind.build import build_in_child
 
@@ -97,21 +99,8 @@ class Probe(MapAccess):
         self._stats_fd = fd
         return True
 
-    def run_time(self) -> tuple[int, int]:
-        """(ns spent in the probe's programs, their runs) since they were loaded; zeros while the
-        kernel does not time BPF programs (kernel.bpf_stats_enabled off)."""
-        total_ns = runs = 0
+    def program_runs(self) -> ProgramRuns:
+        """The kernel's figures of the probe's programs since they were loaded (program_stats.py)."""
         assert self._bpf is not None
-        for fn in self._bpf.funcs.values():
-            try:
-                with open(f"/proc/self/fdinfo/{fn.fd}", encoding="ascii") as f:
-                    for line in f:
-                        name, _, value = line.partition(":")
-                        if name == "run_time_ns":
-                            total_ns += int(value)
-                        elif name == "run_cnt":
-                            runs += int(value)
-            except (OSError, ValueError):
-                continue
-        return total_ns, runs
+        return read_program_runs(fn.fd for fn in self._bpf.funcs.values())
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from offcpu_exporter.probe.config import ProbeConfig
     from offcpu_exporter.unwind import Unwinder
 
-__all__ = ["CounterKey", "CounterValue", "KernelMaps", "StartEntry"]
+__all__ = ["CounterKey", "CounterValue", "KernelMaps", "ProgramRuns", "StartEntry"]
 
 
 class CounterKey(NamedTuple):
@@ -48,6 +48,14 @@ class StartEntry(NamedTuple):
     tgid: int
     reason: int
     weight: int
+
+
+class ProgramRuns(NamedTuple):
+    """The kernel's figures of the probe's programs since they were loaded (program_stats.py)."""
+
+    ns: int  # time spent in them (0 while the kernel does not time them: kernel.bpf_stats_enabled)
+    runs: int  # runs (counted while timed, as above)
+    skipped: int  # runs the kernel skipped (its recursion guard): switches not seen; counted always
 
 
 class KernelMaps(Protocol):
@@ -125,4 +133,4 @@ class KernelMaps(Protocol):
 
     def map_sizes(self, **known: int) -> dict[str, tuple[int, int]]: ...
 
-    def run_time(self) -> tuple[int, int]: ...
+    def program_runs(self) -> ProgramRuns: ...

@@ -489,6 +489,7 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
         stack_sampled_ratio=0.125,
         probe_run_ns=3_000_000_000,
         probe_runs=12_000,
+        probe_skipped_runs=5,
         unwind_walks={"root": 90, "fault": 2},
         unwind_frames={"cfi": 1500, "frame_pointer": 40},
         unwind_processes=3,
@@ -529,6 +530,7 @@ def test_self_metrics_from_health_and_sink_stats() -> None:
     assert samples(text, "offcpu_exporter_stack_sampling_ratio") == [({}, 0.125)]
     assert samples(text, "offcpu_exporter_probe_cpu_seconds_total") == [({}, 3.0)]
     assert samples(text, "offcpu_exporter_probe_runs_total") == [({}, 12000.0)]
+    assert samples(text, "offcpu_exporter_probe_skipped_runs_total") == [({}, 5.0)]
     assert by(text, "offcpu_exporter_unwind_walks_total", "end") == {"fault": 2, "root": 90}
     assert by(text, "offcpu_exporter_unwind_frames_total", "method") == {"cfi": 1500, "frame_pointer": 40}
     assert samples(text, "offcpu_exporter_unwind_processes") == [({}, 3.0)]

@@ -122,6 +122,10 @@ _SELF_FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("counter", "offcpu_exporter_probe_runs",
      "Runs of the probe's BPF programs (counted when timed, as above).",
      ()),
+    ("counter", "offcpu_exporter_probe_skipped_runs",
+     "Runs of the probe's BPF programs the kernel skipped (recursion_misses: a kprobe or perf-event tracepoint "
+     "does not run on a CPU while a BPF system call there holds its guard): switches the probe did not see.",
+     ()),
     ("counter", "offcpu_exporter_unwind_walks",
      "User stacks walked from DWARF CFI tables, by how the walk ended (root: complete).",
      ("end",)),
@@ -376,6 +380,7 @@ class OffCPUCollector:
         fams["offcpu_exporter_stack_sampling_ratio"].add_metric([], h.stack_sampled_ratio)
         fams["offcpu_exporter_probe_cpu_seconds"].add_metric([], h.probe_run_ns / 1e9)
         fams["offcpu_exporter_probe_runs"].add_metric([], h.probe_runs)
+        fams["offcpu_exporter_probe_skipped_runs"].add_metric([], h.probe_skipped_runs)
         for end, n in sorted(h.unwind_walks.items()):
             fams["offcpu_exporter_unwind_walks"].add_metric([end], n)
         for method, n in sorted(h.unwind_frames.items()):
