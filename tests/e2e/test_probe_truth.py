@@ -195,7 +195,8 @@ def _profile(snapshots: list[Snapshot]):  # type: ignore[no-untyped-def]
 # it went to sleep, and after it woke (already on CPU) when it did and how many times it had been
 # switched in by then.
 _WAKES_AND_SPINS = r"""
-import select, sys, time
+import os, select, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
 print(time.monotonic_ns(), flush=True)
 time.sleep(1.0)
 woke, ran = time.monotonic_ns(), time.thread_time_ns()
@@ -216,6 +217,21 @@ sys.stdin.readline()
 """
 
 
+@contextlib.contextmanager
+def _cpu_of_its_own() -> Iterator[int]:
+    """A CPU for the spinning child, the test's thread kept off it meanwhile: the child must run from
+    its wake to its stop without a switch, and the test's own wake-ups (reading the child, polling
+    the probe) could land on the child's CPU and preempt it (a spinner's vruntime is the higher):
+    five tries in a row were switched out so on a 2-vCPU guest in CI. The child pins itself."""
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, f"needs two CPUs, has {cpus}"
+    os.sched_setaffinity(0, cpus[:-1])
+    try:
+        yield cpus[-1]
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
 def _runs(pid: int) -> str:
     with open(f"/proc/{pid}/task/{pid}/schedstat", encoding="ascii") as f:
         return f.read().split()[2]
@@ -231,43 +247,44 @@ def test_a_seeded_block_whose_switch_in_went_unseen_is_counted_up_to_the_pick(pr
     unseen block does, and is counted as missed; it is not dropped. Simulated exactly: the block is
     seeded after the thread woke, unless it was switched in again since (then another try)."""
     seeded = False
-    for _ in range(5):
-        child = subprocess.Popen([sys.executable, "-c", _WAKES_AND_SPINS], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
-        assert child.stdout is not None and child.stdin is not None
-        try:
-            slept = int(child.stdout.readline())
-            since = slept + 200_000_000  # as if it had been watched from 0.2 s into its sleep
-            woke, runs = child.stdout.readline().split()
-            probe.set_target(child.pid)
-            missed_before = probe.stats()[layout.STAT_MISSED_SWITCH_INS]
-            block = StartEntry(since, layout.STACK_SEEDED, layout.STACK_SEEDED, child.pid, Reason.SLEEPING.value, 1)
-            seeded = probe.seed_start(child.pid, block) and _runs(child.pid) == runs
-            if not seeded:
-                continue  # switched in again since it woke: the pick is not the one it printed
-            # Stop it spinning at once: the block's end is found from the CPU time it has had since
-            # the pick, which leaves out interrupt (and, in a VM, steal) time, which grows with the
-            # time it runs (seen: 4 ms after a 1.5 s spin on a loaded machine); the thread measures
-            # it too, below.
-            child.stdin.write("stop\n")
-            child.stdin.flush()
-            deadline = time.monotonic() + 30
-            while probe.read_start(child.pid) == block and time.monotonic() < deadline:
-                time.sleep(0.05)  # until its next switch-out: a preemption or the end of its spin
-            counted = [v for k, v in probe.read_counts()
-                       if k.tgid == child.pid and k.reason == Reason.SLEEPING.value]
-            missed = probe.stats()[layout.STAT_MISSED_SWITCH_INS] - missed_before
-            not_run_text, runs_after = child.stdout.readline().split()
-            not_run = int(not_run_text)
-        finally:
-            probe.remove_target(child.pid)
-            child.kill()
-            child.wait()
-        if runs_after == runs:
-            break
-        # Preempted while it spun: the block ended at that switch-out, and the time it then waited
-        # for a CPU is in its own figure. Another try.
-        seeded = False
+    with _cpu_of_its_own() as cpu:
+        for _ in range(5):
+            child = subprocess.Popen([sys.executable, "-c", _WAKES_AND_SPINS, str(cpu)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+            assert child.stdout is not None and child.stdin is not None
+            try:
+                slept = int(child.stdout.readline())
+                since = slept + 200_000_000  # as if it had been watched from 0.2 s into its sleep
+                woke, runs = child.stdout.readline().split()
+                probe.set_target(child.pid)
+                missed_before = probe.stats()[layout.STAT_MISSED_SWITCH_INS]
+                block = StartEntry(since, layout.STACK_SEEDED, layout.STACK_SEEDED, child.pid, Reason.SLEEPING.value, 1)
+                seeded = probe.seed_start(child.pid, block) and _runs(child.pid) == runs
+                if not seeded:
+                    continue  # switched in again since it woke: the pick is not the one it printed
+                # Stop it spinning at once: the block's end is found from the CPU time it has had since
+                # the pick, which leaves out interrupt (and, in a VM, steal) time, which grows with the
+                # time it runs (seen: 4 ms after a 1.5 s spin on a loaded machine); the thread measures
+                # it too, below.
+                child.stdin.write("stop\n")
+                child.stdin.flush()
+                deadline = time.monotonic() + 30
+                while probe.read_start(child.pid) == block and time.monotonic() < deadline:
+                    time.sleep(0.05)  # until its next switch-out: a preemption or the end of its spin
+                counted = [v for k, v in probe.read_counts()
+                           if k.tgid == child.pid and k.reason == Reason.SLEEPING.value]
+                missed = probe.stats()[layout.STAT_MISSED_SWITCH_INS] - missed_before
+                not_run_text, runs_after = child.stdout.readline().split()
+                not_run = int(not_run_text)
+            finally:
+                probe.remove_target(child.pid)
+                child.kill()
+                child.wait()
+            if runs_after == runs:
+                break
+            # Preempted while it spun: the block ended at that switch-out, and the time it then waited
+            # for a CPU is in its own figure. Another try.
+            seeded = False
     assert seeded, "the thread was switched in again before it was seeded or before it stopped, five times"
     assert [v.blocks for v in counted] == [1]
     # Picked a few lines of Python before it read the clock; the probe finds the pick from the CPU
