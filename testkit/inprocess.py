@@ -15,7 +15,7 @@ from offcpu_exporter.pipeline import Pipeline
 from offcpu_exporter.probe.loader import Probe, ProbeConfig
 from offcpu_exporter.snapshot import Counter, Snapshot, StackSample
 from offcpu_exporter.targets import TargetRules
-from testkit.workloads import Workload, WorkloadResult
+from testkit.workloads import WORKLOAD_COMM, Workload, WorkloadResult
 
 ATTACH = os.environ.get("OFFCPU_ATTACH", "auto")
 # A test's first flush loads kallsyms and the workload's symbols in pure Python: well under a
@@ -86,7 +86,16 @@ def kernel_names(samples: Iterable[StackSample]) -> set[str]:
 
 def in_window(snap: Snapshot, tid: int) -> list[StackSample]:
     """The thread's samples inside its measured window: the workload marks the window's edges with
-    offcpu_window_mark (an interval is charged when it ends), and its exit (do_exit) comes after."""
-    return [s for s in snap.samples if s.tid == tid
-            and not any(f.name == "offcpu_window_mark" for f in s.stack.user)
-            and "do_exit" not in kernel_names([s])]
+    offcpu_window_mark (an interval is charged when it ends) in its own code; the thread's start (a
+    preemption in schedule_tail before any of its code runs) and exit (libc's, then do_exit) come
+    before and after."""
+    return [s for s in snap.samples if s.tid == tid and _in_thread_main_between_marks(s)]
+
+
+def _in_thread_main_between_marks(sample: StackSample) -> bool:
+    # Its own code, not a mark's: a stack walked by frame pointers can miss thread_main itself
+    # (the thread preempted in a callee's first instructions) but not every workload frame.
+    user = sample.stack.user
+    return (any(f.module_basename == WORKLOAD_COMM for f in user)
+            and not any(f.name == "offcpu_window_mark" for f in user)
+            and "do_exit" not in kernel_names([sample]))

@@ -75,7 +75,16 @@ class SwitchTrace:
         """Thread `tid`'s time off CPU inside [start_ns, end_ns] (from each of its switch-outs to
         its next switch-in, clipped to the window). Raises if its switches do not alternate out,
         in: the record is then no truth."""
-        off = 0
+        return sum(max(0, min(back, end_ns) - max(out, start_ns)) for out, back in self._blocks(tid))
+
+    def blocks_ending(self, tid: int, start_ns: int, end_ns: int) -> int:
+        """Thread `tid`'s blocks (switch-out to switch-in) that end inside [start_ns, end_ns]: where
+        the probe counts a block."""
+        return sum(1 for _, back in self._blocks(tid) if start_ns <= back <= end_ns)
+
+    def _blocks(self, tid: int) -> list[tuple[int, int]]:
+        """(switch-out, switch-in) times of the thread's blocks."""
+        blocks = []
         out_at: int | None = None
         running: bool | None = None  # unknown before its first event
         for s in self.switches:
@@ -87,9 +96,9 @@ class SwitchTrace:
                 if running is True:
                     raise AssertionError(f"thread {tid} switched in twice without a switch-out ({s})")
                 if out_at is not None:
-                    off += max(0, min(s.ts_ns, end_ns) - max(out_at, start_ns))
+                    blocks.append((out_at, s.ts_ns))
                 running, out_at = True, None
-        return off
+        return blocks
 
     @staticmethod
     def _read(name: str) -> str:

@@ -266,14 +266,20 @@ static __always_inline void edge_schedstat(const char *path, uint64_t *runq, uin
  * the window's edges (wall clock, CPU time, schedstat) inside this same function, right next to
  * the sleep. An off-CPU interval is charged when it ends (switch-in): the opening mark's sleep ends
  * just before the window opens, the closing mark's just after it closes, and every other counted
- * interval of the thread ends inside it. Tests leave out the samples of this function (and the exit
- * path): a preemption while the edges are taken is one of them, and it lies outside the window
- * (before its start, after its end) but for the few instructions between the clock read and the
- * return, or the call and the clock read. (With the edges taken by the caller, a preemption between
- * the mark and the clock read was counted in the window though outside it: 4.5 ms over in a CI run.) */
+ * interval of the thread ends inside it. Tests leave out the samples of this function, and those
+ * outside thread_main (the thread's start and exit paths): a preemption while the edges are taken
+ * is one of them, and it lies outside the window (before its start, after its end) but for the few
+ * instructions between the clock read and the return, or the call and the clock read. (With the
+ * edges taken by the caller, a preemption between the mark and the clock read was counted in the
+ * window though outside it: 4.5 ms over in a CI run; a preemption in the new thread's
+ * schedule_tail, 30 ms on the emulated PREEMPT_RT guest, was counted before the exit paths were
+ * left out.) The opening mark also reads the thread's id, so that nothing of thread_main's precedes
+ * it. */
 __attribute__((noinline)) void offcpu_window_mark(struct thread_result *r, int opening)
 {
 	struct timespec ts = { 0, 1000000L }; /* 1 ms, its own syscall: no other named frame below */
+	if (opening)
+		r->tid = edge_syscall3(SYS_gettid, 0, 0, 0);
 	char path[48] = "/proc/self/task/";
 	int at = 16;
 	char digits[20];
@@ -306,21 +312,25 @@ __attribute__((noinline)) void offcpu_window_mark(struct thread_result *r, int o
 static void *thread_main(void *arg)
 {
 	struct thread_result *r = arg;
-	r->tid = syscall(SYS_gettid);
-	offcpu_window_mark(r, 1);
+	/* The worker is chosen before the window opens: inside it, a preemption in a frameless libc
+	 * callee of thread_main's (strcmp) walks by frame pointers to start_thread, skipping
+	 * thread_main, and tests would take it for the thread's start (seen on the PREEMPT_RT guest). */
+	void (*worker)(struct thread_result *);
 	if (!strcmp(mode, "sleep")) {
 		r->function = "offcpu_sleep_ms";
-		sleep_worker(r);
+		worker = sleep_worker;
 	} else if (!strcmp(mode, "pipe")) {
 		r->function = "offcpu_pipe_read";
-		pipe_worker(r);
+		worker = pipe_worker;
 	} else if (!strcmp(mode, "bucket")) {
 		r->function = "offcpu_lock_wait";
-		bucket_worker(r);
+		worker = bucket_worker;
 	} else {
 		r->function = "offcpu_lock_wait";
-		mutex_worker(r);
+		worker = mutex_worker;
 	}
+	offcpu_window_mark(r, 1);
+	worker(r);
 	offcpu_window_mark(r, 0);
 	return NULL;
 }
