@@ -20,6 +20,10 @@ def choose_mode(attach: str, facts: KernelFacts) -> tuple[str, str]:
     """The mode to attach in ("kprobe" or "tracepoint") for --attach `attach`, and why."""
     if attach == "auto":
         return facts.auto_attach()
+    if attach == "kprobe" and facts.kprobe_runs_skipped:
+        log.warning("kprobe mode on a PREEMPT_RT kernel: switches made while a BPF system call is preempted go "
+                    "unseen (counted in offcpu_exporter_probe_skipped_runs_total); --attach auto uses the raw "
+                    "tracepoint here")
     return attach, "asked for with --attach"
 
 

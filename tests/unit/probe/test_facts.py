@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
-from offcpu_exporter.probe.facts import KernelFacts, kernel_version
+from offcpu_exporter.probe.attach import choose_mode
+from offcpu_exporter.probe.facts import KernelFacts, kernel_version, probe_kernel
 
 _FACTS = KernelFacts(release="6.1.0-57-amd64", tracefs="/sys/kernel/tracing", btf=True, kprobes=True,
                      sched_switch_tracepoint=True, sched_exit_tracepoint=True, kallsyms_readable=True,
@@ -61,3 +63,32 @@ def test_auto_picks_the_kprobe_wherever_it_reads_task_struct_exactly(
     chosen, reason = facts.auto_attach()
     assert chosen == mode
     assert why in reason
+
+
+@pytest.mark.parametrize(("btf", "release", "mode"), [
+    (True, "6.12.9+rt", "tracepoint"),  # the raw tracepoint: a guard of its own
+    (True, "5.17.15-rt", "kprobe"),  # no raw sched_switch with prev_state: the perf-event tracepoint
+    (False, "6.12.9+rt", "kprobe"),  # shares the kprobe's guard, so it would not be better
+])
+def test_auto_keeps_the_kprobe_off_preempt_rt_where_the_raw_tracepoint_serves(btf: bool, release: str,
+                                                                              mode: str) -> None:
+    facts = dataclasses.replace(_FACTS, release=release, btf=btf, preempt_rt=True,
+                                headers_dir=f"/lib/modules/{release}/build", headers_release=release)
+    chosen, reason = facts.auto_attach()
+    assert chosen == mode
+    assert ("PREEMPT_RT" in reason) == (mode == "tracepoint")
+    assert dataclasses.replace(facts, preempt_rt=False).auto_attach()[0] == "kprobe"
+
+
+def test_asking_for_the_kprobe_on_preempt_rt_warns_of_the_unseen_switches(caplog: pytest.LogCaptureFixture) -> None:
+    rt = dataclasses.replace(_FACTS, release="6.12.9+rt", preempt_rt=True)
+    assert choose_mode("kprobe", rt) == ("kprobe", "asked for with --attach")
+    assert "offcpu_exporter_probe_skipped_runs_total" in caplog.text
+    caplog.clear()
+    choose_mode("kprobe", _FACTS)
+    choose_mode("tracepoint", rt)
+    assert caplog.text == ""
+
+
+def test_the_running_kernels_preemption_model_is_read() -> None:
+    assert probe_kernel().preempt_rt == ("PREEMPT_RT" in os.uname().version)
