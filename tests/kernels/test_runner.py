@@ -53,6 +53,18 @@ def test_exit_status_and_output_are_the_commands() -> None:
     assert "to stderr" in r.stdout
 
 
+def test_a_guest_kernel_panic_is_told_apart_and_its_leg_run_once_more() -> None:
+    """A guest whose kernel panics (here made to, through sysrq) is no test's failure: run.sh exits
+    125, and matrix.sh runs the leg again, once, saying so; a second panic fails the leg."""
+    r = run(MATRIX, "--legs", "6.1:tracepoint", "--timeout", "120", "--",
+            "sh", "-c", "echo started; echo c > /proc/sysrq-trigger; sleep 60", timeout=400)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert re.findall(r"^started$", out, re.M) == ["started"] * 2, out
+    assert "the guest kernel panicked; running the leg again" in out, out
+    assert re.search(r"/ tracepoint: FAILED \(\d+ s; guest kernel panic, rerun\)", r.stdout), r.stdout
+
+
 def test_broken_probe_fails_the_kprobe_leg() -> None:
     # A symbol regex that matches nothing: bcc compiles and loads the program, the attach fails.
     r = run(MATRIX, "--legs", "kprobe", "--timeout", "240", "--",
@@ -132,14 +144,15 @@ def matrix_list(*legs: str) -> list[tuple[str, str, str]]:
 
 def test_default_legs_cover_each_kernel_line_in_both_modes_and_mismatched_headers() -> None:
     """CI's legs: 6.1 and 6.12 in both modes, 6.12 with 6.1's headers, the host, and 6.12-rt in
-    tracepoint mode with its RT tests alone; its full legs run on demand (matrix.sh's RT_LEGS,
+    both modes with its RT tests alone; its full legs run on demand (matrix.sh's RT_LEGS,
     docs/kernel-matrix.md)."""
     legs = {name: (selection, command) for name, selection, command in matrix_list()}
     names = "\n".join(legs)
-    rt = [n for n in legs if "-rt-amd64" in n]
-    assert len(rt) == 1 and re.fullmatch(rf"kernel {ABI_612_RT} / tracepoint", rt[0]), names
-    assert legs[rt[0]][0] == "rt", names
-    del legs[rt[0]]
+    rt = sorted(n for n in legs if "-rt-amd64" in n)
+    modes = [m.group(1) for n in rt if (m := re.fullmatch(rf"kernel {ABI_612_RT} / (\w+)", n))]
+    assert len(rt) == 2 and modes == ["kprobe", "tracepoint"], names
+    for rt_leg in rt:
+        assert legs.pop(rt_leg)[0] == "rt", names
     legs.update({name: (selection, command) for name, selection, command in
                  matrix_list("6.12-rt:kprobe", "6.12-rt:tracepoint")})
     for abi in (ABI_61, ABI_612, ABI_612_RT):
