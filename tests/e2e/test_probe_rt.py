@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from offcpu_exporter.probe.facts import probe_kernel
 from offcpu_exporter.probe.loader import Probe
 from offcpu_exporter.snapshot import ZERO, Reason
 from testkit.inprocess import in_window, kernel_names, observe, total
@@ -21,6 +22,14 @@ pytestmark = [pytest.mark.kernel, pytest.mark.rt_kernel]
 
 # The slow path of a contended spinlock_t on PREEMPT_RT (kernel/locking/spinlock_rt.c).
 RTLOCK_FUNCTIONS = {"rtlock_slowlock_locked", "rtlock_slowlock", "rt_spin_lock"}
+
+
+def test_auto_attaches_to_the_raw_tracepoint_here() -> None:
+    """kprobe runs are skipped here while a preempted BPF system call holds the CPU's guard
+    (KernelFacts.kprobe_runs_skipped): `auto` keeps to the raw tracepoint."""
+    facts = probe_kernel()
+    assert facts.preempt_rt, os.uname().version
+    assert facts.auto_attach()[0] == "tracepoint"
 
 
 def test_sleeping_spinlock_waits_are_uninterruptible_and_the_sums_stay_exact(probe: Probe) -> None:
@@ -57,8 +66,8 @@ def test_off_cpu_is_the_time_between_the_kernels_own_switches(mode: str, threads
                                                               interval_ms: int) -> None:
     """Here the kernel's CPU clock is no truth for on-CPU time (it charges runs from before their
     switch-in: docs/kernel-matrix.md), so off-CPU is checked against the kernel's own record of the
-    threads' switches instead (ftrace's sched_switch event, no BPF): per thread, its time in its
-    window.
+    threads' switches instead (ftrace's sched_switch event, no BPF): per thread, its blocks in its
+    window, and in tracepoint mode (the record's own hook) their time.
     The trace is switched on before the probe attaches: a tracepoint calls its handlers in the order
     they were attached, and with the trace's first, both stamp each switch before the probe's own
     work on it (a stack walk after a switch-out, ~0.1 ms under the matrix's emulation, would
@@ -67,14 +76,32 @@ def test_off_cpu_is_the_time_between_the_kernels_own_switches(mode: str, threads
           Workload(mode, threads=threads, iterations=iterations, interval_ms=interval_ms) as w):
         result, snap = observe(w)
     assert trace.lost == 0, f"the trace buffer overflowed: {trace.lost} events lost"
+    # In kprobe mode the kernel skips the probe's runs while a preempted BPF system call holds the
+    # CPU's guard (KernelFacts.kprobe_runs_skipped): switches go unseen, and each is counted. The
+    # raw tracepoint has a guard of its own: none is skipped.
+    skipped = snap.health.probe_skipped_runs
+    kprobe = snap.health.attach_mode == "kprobe"
+    if not kprobe:
+        assert skipped == 0
     for thread in result.threads:
         traced_ns = trace.off_cpu(thread.tid, thread.opened_ns, thread.opened_ns + thread.wall_ns)
+        traced_blocks = trace.blocks_ending(thread.tid, thread.opened_ns, thread.opened_ns + thread.wall_ns)
         rows = in_window(snap, thread.tid)
         # Time a running thread lost without a switch (Reason.STOLEN) is in no switch record.
         switched = total([s for s in rows if s.reason is not Reason.STOLEN])
-        assert switched.ns == pytest.approx(traced_ns, rel=EDGE), (thread, traced_ns)
-        # Counts are not compared: the window's edges in the record (timestamps) and in the
-        # probe's figures (the marks' frames) can differ by a preemption in the thread's start or
-        # exit code (89 blocks against 87 traced in a run); counts are checked against the
-        # workloads' own in the other kernel tests.
-        assert total(rows).ns <= thread.wall_ns, thread
+        figures = (thread, switched, traced_ns, traced_blocks, skipped)
+        assert total(rows).ns <= thread.wall_ns, figures
+        # The window's edges in the record are timestamps and in the probe's figures the marks'
+        # frames (in_window()): they differ only by a preemption in the few instructions between a
+        # mark's clock read and its return (or its call and the read), one block at most. A block
+        # whose switch-out went unseen (a skipped run) is not counted.
+        assert traced_blocks - 1 <= switched.count + skipped and switched.count <= traced_blocks + 1, figures
+        if kprobe:
+            # The kprobe stamps both ends of a block at finish_task_switch, after the switch, and
+            # the record at sched_switch, before it: each block differs from the record by its
+            # switch-in's cost less its switch-out's, no longer small under this emulator and
+            # larger for the switch-in (with every block counted and none skipped: 362.6 against
+            # 340.1 ms traced in a CI run; a sleeping thread's 46 blocks, 340.3 against 332.0 ms).
+            # The record times the tracepoint exactly.
+            continue
+        assert switched.ns == pytest.approx(traced_ns, rel=EDGE), figures
