@@ -284,3 +284,21 @@ def test_the_kernel_reports_process_starts_execs_renames_and_exits(probe: Probe)
     assert seen == layout.PROC_FORK | layout.PROC_EXEC | layout.PROC_RENAME | layout.PROC_EXIT
     assert events.get(child.pid, 0) & layout.PROC_EXIT
     assert probe.stats()[layout.STAT_PROC_EVENTS_DROPPED] == 0
+
+
+def test_a_stored_stack_reads_back_as_stored(probe: Probe) -> None:
+    """MapAccess.stack() reads the stack map with its own lookup into a reused buffer: every
+    address comes back in order, a full-depth stack whole, and an id not in the map as None."""
+    from offcpu_exporter.probe import layout
+
+    short = tuple(0x7F00_0000_0000 + 16 * i for i in range(5))
+    full = tuple(0x5500_0000_0000 + 8 * i for i in range(1, layout.MAX_DEPTH + 1))
+    ids = [probe.store_stack(frames) for frames in (short, full)]
+    try:
+        assert [probe.stack(sid) for sid in ids] == [short, full]
+        assert probe.stack(ids[0]) == short  # the buffer reused: the longer stack read before leaves nothing
+        missing = next(sid for sid in range(layout.STACK_RESERVED, layout.STACK_RESERVED + 1000) if sid not in ids
+                       and sid not in probe.stack_ids())
+        assert probe.stack(missing) is None
+    finally:
+        probe.delete_stacks(ids)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.config import ProbeConfig, pid_max
-from offcpu_exporter.probe.map_calls import Convert, Entry, delete_batch, lookup_and_delete, lookup_batch
+from offcpu_exporter.probe.map_calls import Convert, Entry, WordsLookup, delete_batch, lookup_and_delete, lookup_batch
 from offcpu_exporter.probe.maps import CounterKey, CounterValue, StartEntry
 from offcpu_exporter.probe.stack_ids import stack_id
 
@@ -49,6 +49,7 @@ class MapAccess:
         self._cutoff_ns = 0
         self._marks_active = False
         self._targets: dict[int, int] = {}  # what this probe put in the filter array
+        self._stack_lookup: tuple[Any, WordsLookup] | None = None  # (the program it reads, the reader)
 
     def _table(self, name: str):  # type: ignore[no-untyped-def]
         assert self._bpf is not None, "probe not started"
@@ -127,17 +128,16 @@ class MapAccess:
 
     def stack(self, stack_id: int) -> tuple[int, ...] | None:
         """The addresses of a stack id, leaf first; None if the id is not in the map."""
-        table = self._table(layout.MAP_STACKS)
-        try:
-            trace = table[table.Key(stack_id)]
-        except KeyError:
+        cached = self._stack_lookup
+        if cached is None or cached[0] is not self._bpf:
+            cached = self._stack_lookup = (self._bpf, WordsLookup(self._lib, self._table(layout.MAP_STACKS)))
+        words = cached[1](stack_id)
+        if words is None:
             return None
-        out = []
-        for addr in trace.ips:
-            if addr == 0:
-                break
-            out.append(addr)
-        return tuple(out)
+        try:
+            return tuple(words[: words.index(0)])  # the first 0 word ends the addresses
+        except ValueError:
+            return tuple(words)
 
     def stack_ids(self) -> set[int]:
         """The ids the stack map holds (keys only: the values are ~1 KiB each). The kernel only

@@ -124,9 +124,11 @@ class Describer:
                 self._wake.wait(self._idle_seconds())
                 self._wake.clear()
                 continue
+            changes = self.unwinder.changes
             try:
                 described = self.unwinder.update(pid)
             except Exception:
+                changes = -1  # (a build that failed may have allocated as much as one that did not)
                 self.failures += 1
                 log.exception("building the unwind tables of pid %d failed; its stacks use frame pointers", pid)
                 described = None
@@ -140,4 +142,9 @@ class Describer:
                     self._described[pid] = time.monotonic()
             if described is None:
                 self.unwinder.forget(pid)
-            heap.trim_if_grown()
+            if self.unwinder.changes != changes:
+                # What a description allocated for a moment (maps parsed, a table received) goes
+                # back. Not after a look that found the maps unchanged, which allocates next to
+                # nothing: at thousands of processes those are 20 a second, and the trim's own
+                # read of the resident size cost half as much as the look.
+                heap.trim_if_grown()

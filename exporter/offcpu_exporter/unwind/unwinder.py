@@ -104,6 +104,8 @@ class Unwinder:
         self._written: set[int] = set()  # processes whose mappings are in the maps
         self._no_room_log = RateLimitedLog(log)  # a full process map refuses every new process alike
         self.truncated = 0  # processes with more than UNWIND_MAX_MAPPINGS objects with tables
+        # Updates that did more than find the maps unchanged (the describer trims the heap after those).
+        self.changes = 0
 
     def update(self, pid: int) -> list[MappingUnwind] | None:
         """Bring the tables of ``pid`` up to date; returns what each executable mapping relies on,
@@ -141,6 +143,7 @@ class Unwinder:
                     continue
             loaded[mapped.key] = self._load(mapped.open_path, m.path, pid)
         with self._lock:
+            self.changes += 1
             described = self._update(pid, mappings, opened, self._processes.get(pid), loaded)
             self._processes[pid].maps_digest = digest
             return described

@@ -6,12 +6,16 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
+from offcpu_exporter.unwind import describer as describer_module
 from offcpu_exporter.unwind.describer import Describer
 
 
 class _Unwinder:
     def __init__(self) -> None:
         self.updates: list[tuple[float, int]] = []
+        self.changes = 0
 
     def update(self, pid: int) -> list[object]:
         self.updates.append((time.monotonic(), pid))
@@ -72,3 +76,36 @@ def test_a_process_being_described_is_still_pending() -> None:
     finally:
         unwinder.release.set()
         describer.stop()
+
+
+class _ChangingOnce(_Unwinder):
+    """Each process's first look describes it; the looks after find its maps unchanged."""
+
+    def update(self, pid: int) -> list[object]:
+        if all(p != pid for _, p in self.updates):
+            self.changes += 1
+        return super().update(pid)
+
+
+def test_the_heap_is_trimmed_after_a_description_not_after_a_look_that_changed_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    trims: list[int] = []
+
+    def trim_if_grown() -> bool:
+        trims.append(1)
+        return False
+
+    monkeypatch.setattr(describer_module.heap, "trim_if_grown", trim_if_grown)
+    unwinder = _ChangingOnce()
+    describer = Describer(unwinder, refresh_seconds=0.05, refresh_rate=200)  # type: ignore[arg-type]
+    describer.start()
+    try:
+        for pid in (1, 2, 3):
+            describer.want(pid)
+        deadline = time.monotonic() + 5
+        while len(unwinder.updates) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        describer.stop()
+    assert len(unwinder.updates) >= 20  # looked again many times
+    assert len(trims) == 3  # once per process described
