@@ -93,9 +93,14 @@ def in_window(snap: Snapshot, tid: int) -> list[StackSample]:
 
 
 def _in_thread_main_between_marks(sample: StackSample) -> bool:
-    # Its own code, not a mark's: a stack walked by frame pointers can miss thread_main itself
-    # (the thread preempted in a callee's first instructions) but not every workload frame.
     user = sample.stack.user
-    return (any(f.module_basename == WORKLOAD_COMM for f in user)
-            and not any(f.name == "offcpu_window_mark" for f in user)
-            and "do_exit" not in kernel_names([sample]))
+    kernel = kernel_names([sample])
+    if any(f.name == "offcpu_window_mark" for f in user) or "do_exit" in kernel or "ret_from_fork" in kernel:
+        return False
+    # ret_from_fork: a new thread preempted before its first return to user space. The thread's
+    # start and exit paths otherwise have user frames, none of them the workload's own. A
+    # frame-pointer walk can miss thread_main (the thread preempted in a callee's first
+    # instructions) but not every workload frame. Rows without a file-backed user frame (time
+    # stolen from a running thread, a user stack not read) stay in: nothing places them outside.
+    mapped = [f for f in user if f.module]
+    return not mapped or any(f.module_basename == WORKLOAD_COMM for f in mapped)

@@ -200,6 +200,8 @@ os.sched_setaffinity(0, {int(sys.argv[1])})
 print(time.monotonic_ns(), flush=True)
 time.sleep(1.0)
 woke, ran = time.monotonic_ns(), time.thread_time_ns()
+# Picked by the fair class, then real-time (a class change, no switch): no waking task preempts it.
+os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
 with open("/proc/thread-self/schedstat") as f:
     runs = f.read().split()[2]
 print(woke, runs, flush=True)
@@ -220,9 +222,9 @@ sys.stdin.readline()
 @contextlib.contextmanager
 def _cpu_of_its_own() -> Iterator[int]:
     """A CPU for the spinning child, the test's thread kept off it meanwhile: the child must run from
-    its wake to its stop without a switch, and the test's own wake-ups (reading the child, polling
-    the probe) could land on the child's CPU and preempt it (a spinner's vruntime is the higher):
-    five tries in a row were switched out so on a 2-vCPU guest in CI. The child pins itself."""
+    its wake to its stop without a switch, and any task woken on its CPU could preempt it (a
+    spinner's vruntime is the higher): five tries in a row were switched out so on a 2-vCPU guest
+    in CI. The child pins itself there and turns real-time once picked (SCHED_FIFO)."""
     cpus = sorted(os.sched_getaffinity(0))
     assert len(cpus) >= 2, f"needs two CPUs, has {cpus}"
     os.sched_setaffinity(0, cpus[:-1])
