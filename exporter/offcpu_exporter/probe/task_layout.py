@@ -32,6 +32,7 @@ class TaskLayout:
     se_runtime: int | None  # se.sum_exec_runtime
     se_prev_runtime: int | None  # se.prev_sum_exec_runtime
     switches: int | None  # nvcsw, with nivcsw in the next 8 bytes (read as one pair)
+    stack: int | None = None  # `void *stack`, the task's kernel stack (wakers: interrupt or task context)
 
     def cflags(self) -> list[str]:
         flags = [
@@ -47,6 +48,8 @@ class TaskLayout:
                       f"-DTASK_SE_PREV_RUNTIME_OFFSET={self.se_prev_runtime}"]
         if self.switches is not None:
             flags.append(f"-DTASK_SWITCHES_OFFSET={self.switches}")
+        if self.stack is not None:
+            flags.append(f"-DTASK_STACK_OFFSET={self.stack}")
         return flags
 
 
@@ -54,7 +57,8 @@ def read_task_layout(path: str = VMLINUX) -> TaskLayout:
     """The layout of this kernel's task_struct; BtfError when BTF lacks pid, tgid or the state."""
     btf = read_btf(path)
     task = btf.struct_members(
-        "task_struct", ["pid", "tgid", "__state", "state", "sched_contributes_to_load", "se", "nvcsw", "nivcsw"])
+        "task_struct", ["pid", "tgid", "__state", "state", "sched_contributes_to_load", "se", "nvcsw", "nivcsw",
+                      "stack"])
     state = task.get("__state") or task.get("state")
     missing = [name for name, member in (("pid", task.get("pid")), ("tgid", task.get("tgid")), ("__state", state))
                if member is None]
@@ -72,6 +76,7 @@ def read_task_layout(path: str = VMLINUX) -> TaskLayout:
     if nvcsw is not None and nivcsw is not None and nivcsw.bit_offset == nvcsw.bit_offset + 64:
         switches = nvcsw.bit_offset // 8
     load = task.get("sched_contributes_to_load")
+    stack = task.get("stack")
     return TaskLayout(
         pid=task["pid"].bit_offset // 8,
         tgid=task["tgid"].bit_offset // 8,
@@ -81,4 +86,5 @@ def read_task_layout(path: str = VMLINUX) -> TaskLayout:
         se_runtime=se_runtime,
         se_prev_runtime=se_prev_runtime,
         switches=switches,
+        stack=None if stack is None else stack.bit_offset // 8,
     )
