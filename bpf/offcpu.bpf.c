@@ -862,6 +862,9 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 #ifndef THREAD_SIZE
 #define THREAD_SIZE 16384 /* x86-64 without KASAN; the kernel headers define it */
 #endif
+#ifndef TOP_OF_KERNEL_STACK_PADDING
+#define TOP_OF_KERNEL_STACK_PADDING 0 /* x86-64 without FRED */
+#endif
 
 /* Whether this wake-up runs in interrupt context, where the current task is only the one the
  * interrupt landed on. x86-64 runs hard interrupts, the softirqs run at their exit or at
@@ -872,7 +875,12 @@ RAW_TRACEPOINT_PROBE(sched_switch)
  * program's own locals cannot tell either: since 6.14 programs of this type with a stack of 64
  * bytes or more run on a private per-CPU stack (bpf_enable_priv_stack() in kernel/bpf/verifier.c).
  * The raw tracepoint's argument array is a local of bpf_trace_run1() (kernel/trace/bpf_trace.c),
- * on the stack the tracepoint fired on: outside the task's stack, it is an interrupt's. */
+ * on the stack the tracepoint fired on: outside the task's stack, it is an interrupt's.
+ * Except for an interrupt from user mode, which x86-64 runs on the task's (empty) stack
+ * (call_on_irqstack_cond() in arch/x86/include/asm/irq_stack.h), softirqs at its exit included:
+ * its entry frame is then the task's pt_regs at the top of that stack, with orig_ax -1 (idtentry),
+ * where a system call has its number and a kernel thread zeroes. (An exception from user mode, a
+ * page fault, has -1 too: a wake-up from its handler is taken for an interrupt's.) */
 static __always_inline int in_interrupt_context(void *ctx)
 {
 	void *task = (void *)bpf_get_current_task();
@@ -881,7 +889,16 @@ static __always_inline int in_interrupt_context(void *ctx)
 	u64 at = 0;
 	/* The context pointer's value as a number (a privileged program may read its own pointers). */
 	bpf_probe_read_kernel(&at, sizeof(at), &ctx);
-	return base == 0 || at - base >= THREAD_SIZE;
+	if (base == 0 || at - base >= THREAD_SIZE)
+		return 1;
+#if defined(PT_REGS_SIZE) && defined(PT_REGS_ORIG_AX_OFFSET)
+	s64 orig_ax = 0;
+	bpf_probe_read_kernel(&orig_ax, sizeof(orig_ax), (char *)base + THREAD_SIZE - TOP_OF_KERNEL_STACK_PADDING -
+			      PT_REGS_SIZE + PT_REGS_ORIG_AX_OFFSET);
+	return orig_ax == -1;
+#else
+	return 0;
+#endif
 }
 
 /* TP_PROTO(struct task_struct *p): try_to_wake_up() is waking p, on the waker's CPU and in its
