@@ -41,6 +41,7 @@ from offcpu_exporter.snapshot import (
 from offcpu_exporter.stack_names import StackNames, Symbolizer, lost_halves
 from offcpu_exporter.stack_rows import StackRows
 from offcpu_exporter.targets import ProcessTable
+from offcpu_exporter.waker_names import WakerNames
 from offcpu_exporter.wall_bound import WallTimeBound
 
 __all__ = ["AggregateConfig", "Aggregator"]
@@ -96,6 +97,7 @@ class Aggregator:
         self.wall_bound = WallTimeBound(probe)
         self.counters = CounterDiff(probe, age_after=self.config.age_after, high_water=self.config.high_water)
         self.stacks = StackNames(probe, symbolizer)
+        self.wakers = WakerNames(self.stacks)  # with --wakers on: who woke each row's blocks
         self.rollups = Rollups()
         self.histograms = Histograms(probe, processes, self.rollups)
         self._health = HealthReport(probe, symbolizer, processes, self.in_progress, self.wall_bound)
@@ -150,6 +152,7 @@ class Aggregator:
                 break
         referenced = self.counters.stack_ids()
         referenced |= {b.user_stack for b in blocked.values()} | {b.kernel_stack for b in blocked.values()}
+        referenced |= self.probe.waker_stack_ids()
         self.stacks.collect(in_map, referenced)
         expired = self._expire_processes(active=self._counted)
         snapshot = self._snapshot(blocked, expired, time.perf_counter() - t0, at_wall, at)
@@ -197,10 +200,11 @@ class Aggregator:
         rows = group.split()
         pkey = info.key
         add = self._rows.add
-        stack_of = self.stacks.stack
+        stack_of, waker_of = self.stacks.stack, self.wakers.of_row
         by_reason: dict[Reason, Counter] | None = None
         of_thread: dict[Reason, Counter] | None = None
-        for (user_id, kernel_id), inc in rows:
+        for ids, inc in rows:
+            user_id, kernel_id = ids[0], ids[1]
             if not inc.count and not inc.ns:  # (not Counter.__bool__: a Python call per row)
                 continue
             if by_reason is None:  # made only for a process with something counted
@@ -212,7 +216,7 @@ class Aggregator:
                 if tid:
                     of_thread = self._thread_totals.setdefault(pkey, {}).setdefault(tid, {})
             stack = stack_of(symbol_pid, user_id, kernel_id)
-            add((pkey, tid, reason, stack), inc)
+            add((pkey, tid, reason, stack, waker_of(ids)), inc)
             # (Counters are immutable: a first increase is the total itself, without an addition.)
             seen = by_reason.get(reason)
             by_reason[reason] = inc if seen is None else seen + inc

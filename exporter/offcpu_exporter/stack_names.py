@@ -16,7 +16,7 @@ from typing import Protocol
 
 from offcpu_exporter.interned import Interned
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.maps import KernelMaps
+from offcpu_exporter.probe.maps import KernelMaps, WakerIds
 from offcpu_exporter.snapshot import Frame, FrameKind, LostHalf, Stack
 from offcpu_exporter.symbols import UNKNOWN as _UNMAPPED  # the frame of an address in no mapping
 
@@ -41,7 +41,8 @@ class Symbolizer(Protocol):
     def failures(self) -> int: ...
 
 
-StackIds = tuple[int, int]  # (user stack id, kernel stack id)
+# (user stack id, kernel stack id), with wakers on followed by the waker's ids (waker_names.py)
+StackIds = tuple[int, int] | tuple[int, int, WakerIds]
 
 _LOST_WHY = {
     "ENOMEM": "stack map full",

@@ -15,7 +15,18 @@ if TYPE_CHECKING:
     from offcpu_exporter.probe.config import ProbeConfig
     from offcpu_exporter.unwind import Unwinder
 
-__all__ = ["CounterKey", "CounterValue", "KernelMaps", "ProgramRuns", "StartEntry"]
+__all__ = ["CounterKey", "CounterValue", "KernelMaps", "ProgramRuns", "StartEntry", "WakerIds"]
+
+
+class WakerIds(NamedTuple):
+    """The waker part of a `counts` key with wakers on (struct offcpu_waker)."""
+
+    tgid: int
+    tid: int
+    context: int  # layout.WAKER_*
+    user_stack: int
+    kernel_stack: int
+    comm: bytes  # NUL-padded
 
 
 class CounterKey(NamedTuple):
@@ -26,6 +37,7 @@ class CounterKey(NamedTuple):
     reason: int
     user_stack: int  # a stack id: layout.STACK_* below layout.STACK_RESERVED, else a hash
     kernel_stack: int
+    waker: WakerIds | None = None  # with wakers on (every key then has one); None with them off
 
 
 class CounterValue(NamedTuple):
@@ -100,6 +112,9 @@ class KernelMaps(Protocol):
     def stack(self, stack_id: int) -> tuple[int, ...] | None: ...
 
     def stack_ids(self) -> set[int]: ...
+
+    def waker_stack_ids(self) -> set[int]:
+        """The stack ids of the wakers of blocks in progress (none with wakers off)."""
 
     def delete_stacks(self, stack_ids: Iterable[int]) -> None: ...
 
