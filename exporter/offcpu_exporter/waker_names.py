@@ -10,7 +10,7 @@ from offcpu_exporter.probe.maps import WakerIds
 from offcpu_exporter.snapshot import Frame, Waker, WakerKind
 from offcpu_exporter.stack_names import StackIds, StackNames
 
-__all__ = ["WakerNames", "interrupt_kind"]
+__all__ = ["WakerNames", "interrupt_kind", "interrupt_path"]
 
 # Kernel functions whose presence in an interrupt-context waker's stack says what ran the wake-up
 # (the first match wins: a timer's wake-up runs inside the timer interrupt, perhaps itself inside a
@@ -20,6 +20,16 @@ _SOFTIRQ_FUNCTIONS = ("handle_softirqs", "__do_softirq", "do_softirq", "__irq_ex
                       "net_rx_action", "blk_done_softirq", "tasklet_action_common")
 # Names cached at most this many: a busy node's distinct wakers, bounded (cleared when full).
 _MAX_CACHED = 65536
+
+
+def interrupt_path(kernel: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """An interrupt-context waker's kernel frames up to the interrupt's entry (x86-64's asm_*
+    stubs, arch/x86/include/asm/idtentry.h): below it is whatever the interrupt landed on (the
+    idle loop, any task), which did not wake anyone and would split one waker into many stacks."""
+    for i, frame in enumerate(kernel):
+        if frame.name.startswith("asm_"):
+            return kernel[: i + 1]
+    return kernel
 
 
 def interrupt_kind(kernel: tuple[Frame, ...]) -> WakerKind:
@@ -53,8 +63,8 @@ class WakerNames:
             comm = ids.comm.split(b"\0", 1)[0].decode(errors="replace")
             waker = Waker(WakerKind.TASK, ids.tgid, ids.tid, comm, stack.user, stack.kernel)
         else:
-            stack = self._stacks.stack(0, layout.STACK_EMPTY, ids.kernel_stack)
-            waker = Waker(interrupt_kind(stack.kernel), 0, 0, "", (), stack.kernel)
+            kernel = interrupt_path(self._stacks.stack(0, layout.STACK_EMPTY, ids.kernel_stack).kernel)
+            waker = Waker(interrupt_kind(kernel), 0, 0, "", (), kernel)
         if len(self._named) >= _MAX_CACHED:
             self._named.clear()
         self._named[ids] = waker

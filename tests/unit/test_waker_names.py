@@ -10,7 +10,7 @@ from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.maps import CounterKey, CounterValue, WakerIds
 from offcpu_exporter.snapshot import Frame, FrameKind, WakerKind
 from offcpu_exporter.stack_names import StackNames
-from offcpu_exporter.waker_names import WakerNames, interrupt_kind
+from offcpu_exporter.waker_names import WakerNames, interrupt_kind, interrupt_path
 from testkit.kernel_maps import MemoryMaps
 
 
@@ -44,6 +44,14 @@ def test_interrupt_kinds_by_frames() -> None:
     assert interrupt_kind(_kernel("try_to_wake_up", "hrtimer_wakeup", "hrtimer_interrupt")) is WakerKind.TIMER
     assert interrupt_kind(_kernel("try_to_wake_up", "blk_mq_end_request", "handle_softirqs")) is WakerKind.SOFTIRQ
     assert interrupt_kind(_kernel("try_to_wake_up", "nvme_irq", "handle_edge_irq")) is WakerKind.INTERRUPT
+
+
+def test_an_interrupt_path_stops_at_its_entry() -> None:
+    frames = _kernel("try_to_wake_up", "hrtimer_wakeup", "asm_sysvec_apic_timer_interrupt", "pv_native_safe_halt",
+                     "do_idle")
+    assert [f.name for f in interrupt_path(frames)] == ["try_to_wake_up", "hrtimer_wakeup",
+                                                         "asm_sysvec_apic_timer_interrupt"]
+    assert interrupt_path(frames[:2]) == frames[:2]
 
 
 def test_task_and_interrupt_wakers_are_named_from_their_stacks() -> None:
