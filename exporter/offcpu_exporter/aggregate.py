@@ -150,9 +150,8 @@ class Aggregator:
             lag = ktime_ns() - at
             if window_end or lag <= _MAX_LAG_NS or self.stacks.naming_ns * 2 < lag:
                 break
-        referenced = self.counters.stack_ids()
+        referenced = self.counters.stack_ids() | self.probe.waker_stack_ids()  # (wakers of blocks in progress)
         referenced |= {b.user_stack for b in blocked.values()} | {b.kernel_stack for b in blocked.values()}
-        referenced |= self.probe.waker_stack_ids()
         self.stacks.collect(in_map, referenced)
         expired = self._expire_processes(active=self._counted)
         snapshot = self._snapshot(blocked, expired, time.perf_counter() - t0, at_wall, at)
@@ -200,7 +199,7 @@ class Aggregator:
         rows = group.split()
         pkey = info.key
         add = self._rows.add
-        stack_of, waker_of = self.stacks.stack, self.wakers.of_row
+        stack_of, waker_of = self.stacks.stack, (self.wakers.of_row if self.probe.config.wakers else None)
         by_reason: dict[Reason, Counter] | None = None
         of_thread: dict[Reason, Counter] | None = None
         for ids, inc in rows:
@@ -216,7 +215,7 @@ class Aggregator:
                 if tid:
                     of_thread = self._thread_totals.setdefault(pkey, {}).setdefault(tid, {})
             stack = stack_of(symbol_pid, user_id, kernel_id)
-            add((pkey, tid, reason, stack, waker_of(ids)), inc)
+            add((pkey, tid, reason, stack, waker_of(ids) if waker_of else None), inc)
             # (Counters are immutable: a first increase is the total itself, without an addition.)
             seen = by_reason.get(reason)
             by_reason[reason] = inc if seen is None else seen + inc

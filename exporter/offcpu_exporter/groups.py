@@ -82,7 +82,12 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
 
 def add_row(groups: dict[GroupKey, Group], key: CounterKey, inc: CounterValue) -> None:
     """A kernel counter's increase, into its thread's (or process's) group."""
-    tgid, tid, reason, user_stack, kernel_stack, waker = key
+    if len(key) == 5:  # wakers off (see CounterKey)
+        tgid, tid, reason, user_stack, kernel_stack = key
+        waker = None
+    else:
+        tgid, tid, reason, user_stack, kernel_stack = key[:5]
+        waker = key.waker
     blocks, ns, weighted_blocks, weighted_ns = inc
     gkey = (tgid, tid, reason)
     group = groups.get(gkey)

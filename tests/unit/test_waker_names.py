@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from offcpu_exporter.groups import Group, add_row
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.maps import CounterKey, CounterValue, WakerIds
+from offcpu_exporter.probe.maps import CounterKey, CounterValue, WakerIds, with_waker
 from offcpu_exporter.snapshot import Frame, FrameKind, WakerKind
 from offcpu_exporter.stack_names import StackNames
 from offcpu_exporter.waker_names import WakerNames, interrupt_kind, interrupt_path
@@ -71,7 +71,9 @@ def test_a_thread_splits_over_its_wakers_too() -> None:
     groups: dict[tuple[int, int, int], Group] = {}
     a = WakerIds(1, 2, layout.WAKER_TASK, 4096, 4097, b"a")
     b = WakerIds(1, 3, layout.WAKER_TASK, 4098, 4097, b"b")
-    add_row(groups, CounterKey(1, 1, 1, 5000, 5001, a), CounterValue(3, 300, 3, 300))
-    add_row(groups, CounterKey(1, 1, 1, 5000, 5001, b), CounterValue(1, 100, 1, 100))
+    key = CounterKey(1, 1, 1, 5000, 5001)
+    assert key.waker is None and with_waker(key, a).waker == a
+    add_row(groups, with_waker(key, a), CounterValue(3, 300, 3, 300))
+    add_row(groups, with_waker(key, b), CounterValue(1, 100, 1, 100))
     rows = dict(groups[(1, 1, 1)].split())
     assert rows[(5000, 5001, a)].ns == 300 and rows[(5000, 5001, b)].ns == 100

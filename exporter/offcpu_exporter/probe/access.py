@@ -9,7 +9,6 @@ import ctypes
 import errno
 import functools
 import itertools
-import operator
 import os
 import struct
 from array import array
@@ -19,7 +18,7 @@ from typing import Any, TypeVar
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.config import ProbeConfig, pid_max
 from offcpu_exporter.probe.map_calls import Convert, Entry, delete_batch, lookup_and_delete, lookup_batch
-from offcpu_exporter.probe.maps import CounterKey, CounterValue, StartEntry, WakerIds
+from offcpu_exporter.probe.maps import CounterKey, CounterValue, StartEntry, WakerIds, with_waker
 from offcpu_exporter.probe.stack_ids import stack_id
 
 __all__ = ["MapAccess"]
@@ -41,12 +40,12 @@ _AS_COUNTER_KEY = functools.partial(tuple.__new__, CounterKey)  # _make() withou
 _AS_COUNTER_VALUE = functools.partial(tuple.__new__, CounterValue)
 _AS_START_ENTRY = functools.partial(tuple.__new__, StartEntry)
 _NO_WAKER = WakerIds(0, 0, layout.WAKER_NONE, 0, 0, b"")
-_WAKERS_OFF = (None,)  # CounterKey.waker with wakers off
 
 
 def _waker_counter_key(raw: tuple[Any, ...]) -> CounterKey:
-    """A key of the counts map built with wakers, from its unpacked fields."""
-    return CounterKey(raw[0], raw[1], raw[2], raw[3], raw[4], WakerIds(*raw[5:]))
+    """A key of the counts map built with wakers, from its unpacked fields: the five of CounterKey
+    and its WakerIds as a sixth element (CounterKey.waker)."""
+    return with_waker(_AS_COUNTER_KEY(raw[:5]), WakerIds(*raw[5:]))
 
 
 class MapAccess:
@@ -122,10 +121,8 @@ class MapAccess:
         if self.config.wakers:
             return self._read(layout.MAP_COUNTS, _WAKER_COUNTS, lambda keys, values: zip(
                 map(_waker_counter_key, keys), map(_AS_COUNTER_VALUE, values), strict=True))
-        # Each key gets its waker (None) in C: operator.add of the unpacked fields and (None,).
         return self._read(layout.MAP_COUNTS, _COUNTS, lambda keys, values: zip(
-            map(_AS_COUNTER_KEY, map(operator.add, keys, itertools.repeat(_WAKERS_OFF))),
-            map(_AS_COUNTER_VALUE, values), strict=True))
+            map(_AS_COUNTER_KEY, keys), map(_AS_COUNTER_VALUE, values), strict=True))
 
     def take_counts(self, keys: Iterable[CounterKey]) -> dict[CounterKey, CounterValue]:
         """Delete these counters and return their values at the moment of deletion, so that an

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from offcpu_exporter.probe.config import ProbeConfig
     from offcpu_exporter.unwind import Unwinder
 
-__all__ = ["CounterKey", "CounterValue", "KernelMaps", "ProgramRuns", "StartEntry", "WakerIds"]
+__all__ = ["CounterKey", "CounterValue", "KernelMaps", "ProgramRuns", "StartEntry", "WakerIds", "with_waker"]
 
 
 class WakerIds(NamedTuple):
@@ -30,14 +30,25 @@ class WakerIds(NamedTuple):
 
 
 class CounterKey(NamedTuple):
-    """A key of the kernel's `counts` map (a NamedTuple: hashed in C, it is a dict key per flush)."""
+    """A key of the kernel's `counts` map (a NamedTuple: hashed in C, it is a dict key per flush).
+    With wakers on, the kernel's keys carry a sixth element, their WakerIds (`waker`): made with
+    tuple.__new__ by probe/access.py. With them off a key is these five fields, as cheap to read
+    and hash as before wakers existed."""
 
     tgid: int
     tid: int  # 0 when aggregating per process
     reason: int
     user_stack: int  # a stack id: layout.STACK_* below layout.STACK_RESERVED, else a hash
     kernel_stack: int
-    waker: WakerIds | None = None  # with wakers on (every key then has one); None with them off
+
+    @property
+    def waker(self) -> WakerIds | None:
+        return self[5] if len(self) > 5 else None  # type: ignore[misc]
+
+
+def with_waker(key: CounterKey, waker: WakerIds) -> CounterKey:
+    """`key` with its waker as the sixth element (wakers on: see CounterKey)."""
+    return tuple.__new__(CounterKey, (*key[:5], waker))
 
 
 class CounterValue(NamedTuple):
