@@ -901,12 +901,37 @@ static __always_inline int in_interrupt_context(void *ctx)
 #endif
 }
 
+#ifdef OFFCPU_ATTACH_KPROBE
+/* kprobe mode: whether the block's own stacks are captured is decided at its switch-in, after the
+ * wake-up. The waker's are taken for a block already long enough to be captured for sure
+ * (LONG_BLOCK_NS), and for the others within the CPU's capture budget: 1 in 2^shift of them at
+ * the CPU's sampling shift, counted among its captures (which raise the shift when over budget). */
+static __always_inline int waker_capture(struct offcpu_start *s)
+{
+#if STACK_SAMPLING
+	u64 now = bpf_ktime_get_ns();
+	if (now - s->ts_ns >= LONG_BLOCK_NS)
+		return 1;
+	int zero = 0;
+	struct offcpu_cpu_sampler *c = cpu_sampler.lookup(&zero);
+	if (!c)
+		return 0;
+	u32 shift = c->shift > OFFCPU_MAX_SHIFT ? OFFCPU_MAX_SHIFT : c->shift;
+	if (shift && (bpf_get_prandom_u32() & ((1u << shift) - 1)))
+		return 0;
+	c->captures++;
+#endif
+	return 1;
+}
+#endif
+
 /* TP_PROTO(struct task_struct *p): try_to_wake_up() is waking p, on the waker's CPU and in its
  * context (kernel/sched/core.c); fired once per wake-up that changes p's state. For a watched
  * thread whose block is in progress, the waker is kept until the block ends (switch_in()). Its
  * stacks are taken for the blocks whose own stacks are: in tracepoint mode those with a weight in
- * their start entry; in kprobe mode the decision comes at switch-in, after this, so they are taken
- * for every such wake-up and dropped at switch-in with the block's (woken_by()). */
+ * their start entry; in kprobe mode the decision comes at switch-in, after this: they are taken
+ * within the CPU's budget (waker_capture()), and dropped at switch-in with the block's if it is
+ * not captured (woken_by()). */
 RAW_TRACEPOINT_PROBE(sched_waking)
 {
 	void *p = (void *)ctx->args[0];
@@ -924,7 +949,7 @@ RAW_TRACEPOINT_PROBE(sched_waking)
 	__builtin_memset(w, 0, sizeof(*w));
 	w->block_ts_ns = s->ts_ns;
 #ifdef OFFCPU_ATTACH_KPROBE
-	int capture = 1;
+	int capture = waker_capture(s);
 #else
 	int capture = s->weight != 0;
 #endif
