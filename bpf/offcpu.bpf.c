@@ -28,10 +28,15 @@
  * with DWARF CFI tables (OFFCPU_UNWIND, bpf/unwind.h), walked from those tables:
  * complete stacks through code built without frame pointers (most distributions' libraries).
  *
+ * Wakers (WAKERS, --wakers on): a raw sched_waking tracepoint, in every attach mode, keeps who woke
+ * a watched thread's block in progress (a task, or interrupt context) until the block ends, and
+ * the block is counted under its key extended with that waker (struct offcpu_waker_key).
+ *
  * Set by the loader with -D: OFFCPU_ATTACH_*, OFFCPU_UNWIND, PER_THREAD, WATCH_ALL, FOLLOW_CHILDREN,
  * MIN_BLOCK_NS, MAX_BLOCK_NS, STACK_SAMPLING, SAMPLE_WINDOW_NS, THREAD_BUDGET, CPU_BUDGET,
  * LONG_BLOCK_NS, STOLEN_MIN_NS, the map sizes MAX_TARGETS, MAX_THREADS, MAX_COUNTS, STACK_STORAGE,
- * MAX_HIST, WAKERS (sched_waking hook, wakers in the counters' keys), and where BTF has them task_struct's layout (TASK_PID_OFFSET, TASK_TGID_OFFSET,
+ * MAX_HIST, WAKERS (the sched_waking hook, wakers in the counters' keys), and where BTF has them
+ * task_struct's layout (TASK_PID_OFFSET, TASK_TGID_OFFSET,
  * TASK_STATE_OFFSET and _SIZE, TASK_LOAD_BIT, TASK_SE_RUNTIME_OFFSET, TASK_SWITCHES_OFFSET).
  */
 #include <uapi/linux/ptrace.h>
@@ -76,15 +81,9 @@ BPF_HASH(marks, u32, struct offcpu_mark, MAX_THREADS);
 #if WAKERS
 /* Blocks counted per (block, waker): see struct offcpu_waker_key. */
 BPF_HASH(counts, struct offcpu_waker_key, struct offcpu_value, MAX_COUNTS);
-/* Per thread off CPU now: who woke it (offcpu_waking()), until its block ends (switch_in()). */
+/* Per thread off CPU now: who woke it (the sched_waking hook), until its block ends (switch_in()). */
 BPF_HASH(wakers, u32, struct offcpu_wake, MAX_THREADS);
 BPF_PERCPU_ARRAY(waking, struct offcpu_wake, 1); /* the record being built */
-/* Written by offcpu_waking_context() just before offcpu_waking() runs for the same wake-up. */
-struct waking_context {
-	u64 task;    /* the wakee's task_struct */
-	u64 sp;      /* an address on the stack offcpu_waking_context() ran on */
-};
-BPF_PERCPU_ARRAY(waking_contexts, struct waking_context, 1);
 #else
 BPF_HASH(counts, struct offcpu_key, struct offcpu_value, MAX_COUNTS);
 #endif
@@ -971,8 +970,8 @@ RAW_TRACEPOINT_PROBE(sched_waking)
 			w->waker.kernel_stack = capture_kernel_stack(ctx);
 		}
 	}
-	if (capture)
-		stat_add(OFFCPU_STAT_CAPTURES, 1);
+	/* (Not in OFFCPU_STAT_CAPTURES, the blocks whose stacks were captured: the share of captured
+	 * blocks is read from it.) */
 	if (wakers.update(&tid, w) != 0)
 		stat_add(OFFCPU_STAT_WAKERS_DROPPED, 1);
 	return 0;
