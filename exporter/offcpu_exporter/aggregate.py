@@ -41,7 +41,7 @@ from offcpu_exporter.snapshot import (
 from offcpu_exporter.stack_names import StackNames, Symbolizer, lost_halves
 from offcpu_exporter.stack_rows import StackRows
 from offcpu_exporter.targets import ProcessTable
-from offcpu_exporter.waker_names import WakerNames
+from offcpu_exporter.waker_names import WakerNames, waker_ids
 from offcpu_exporter.wall_bound import WallTimeBound
 
 __all__ = ["AggregateConfig", "Aggregator"]
@@ -222,7 +222,7 @@ class Aggregator:
             if of_thread is not None:
                 seen = of_thread.get(reason)
                 of_thread[reason] = inc if seen is None else seen + inc
-            for lost in lost_halves(user_id, kernel_id, stack):
+            for lost in lost_halves(user_id, kernel_id, stack, waker_ids(ids) if waker_of else None):
                 self._lost[lost] = self._lost.get(lost, 0) + inc.count
         if by_reason is not None:
             self._counted.add(pkey)  # its view is made again

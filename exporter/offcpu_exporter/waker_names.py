@@ -10,7 +10,7 @@ from offcpu_exporter.probe.maps import WakerIds
 from offcpu_exporter.snapshot import Frame, Waker, WakerKind
 from offcpu_exporter.stack_names import StackIds, StackNames
 
-__all__ = ["WakerNames", "interrupt_kind", "interrupt_path"]
+__all__ = ["WakerNames", "interrupt_kind", "interrupt_path", "waker_ids"]
 
 # Kernel functions whose presence in an interrupt-context waker's stack says what ran the wake-up
 # (the first match wins: a timer's wake-up runs inside the timer interrupt, perhaps itself inside a
@@ -20,6 +20,11 @@ _SOFTIRQ_FUNCTIONS = ("handle_softirqs", "__do_softirq", "do_softirq", "__irq_ex
                       "net_rx_action", "blk_done_softirq", "tasklet_action_common")
 # Names cached at most this many: a busy node's distinct wakers, bounded (cleared when full).
 _MAX_CACHED = 65536
+
+
+def waker_ids(ids: StackIds) -> WakerIds | None:
+    """The waker part of a group's row ids (groups.py): its third id, with wakers on."""
+    return ids[2] if len(ids) == 3 else None  # type: ignore[misc]
 
 
 def interrupt_path(kernel: tuple[Frame, ...]) -> tuple[Frame, ...]:
@@ -47,8 +52,8 @@ class WakerNames:
         self._named: dict[WakerIds, Waker] = {}
 
     def of_row(self, ids: StackIds) -> Waker | None:
-        """The waker of a group's row (groups.py): its third id, with wakers on."""
-        return self.waker(ids[2]) if len(ids) == 3 else None  # type: ignore[misc]
+        """The waker of a group's row (groups.py), with wakers on."""
+        return self.waker(waker_ids(ids))
 
     def waker(self, ids: WakerIds | None) -> Waker | None:
         """The waker of these ids; None when no wake-up was seen (a preempted thread's blocks,

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from offcpu_exporter.groups import Group, add_row
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.maps import CounterKey, CounterValue, WakerIds, with_waker
-from offcpu_exporter.snapshot import Frame, FrameKind, WakerKind
-from offcpu_exporter.stack_names import StackNames
+from offcpu_exporter.snapshot import Frame, FrameKind, LostHalf, Stack, WakerKind
+from offcpu_exporter.stack_names import StackNames, lost_halves
 from offcpu_exporter.waker_names import WakerNames, interrupt_kind, interrupt_path
 from testkit.kernel_maps import MemoryMaps
 
@@ -65,6 +65,15 @@ def test_task_and_interrupt_wakers_are_named_from_their_stacks() -> None:
     assert irq is not None and irq.kind is WakerKind.INTERRUPT and irq.user == () and irq.name == "[interrupt]"
     assert names.waker(WakerIds(0, 0, layout.WAKER_NONE, 0, 0, b"")) is None
     assert names.waker(None) is None
+
+
+def test_a_wakers_lost_halves_are_counted_as_lost() -> None:
+    full = layout.STACK_ERRNO_BASE + 12  # ENOMEM: the stack map was full
+    irq = WakerIds(0, 0, layout.WAKER_INTERRUPT, layout.STACK_EMPTY, full, b"")
+    stack = Stack((Frame("read", FrameKind.NATIVE),), (Frame("schedule", FrameKind.KERNEL),))
+    assert lost_halves(5000, 5001, stack, irq) == [LostHalf("waker kernel", "ENOMEM")]
+    assert lost_halves(5000, 5001, stack, irq._replace(kernel_stack=6000)) == []
+    assert lost_halves(5000, 5001, stack) == ()
 
 
 def test_a_thread_splits_over_its_wakers_too() -> None:
