@@ -28,10 +28,15 @@
  * with DWARF CFI tables (OFFCPU_UNWIND, bpf/unwind.h), walked from those tables:
  * complete stacks through code built without frame pointers (most distributions' libraries).
  *
+ * Wakers (WAKERS, --wakers on): a raw sched_waking tracepoint, in every attach mode, keeps who woke
+ * a watched thread's block in progress (a task, or interrupt context) until the block ends, and
+ * the block is counted under its key extended with that waker (struct offcpu_waker_key).
+ *
  * Set by the loader with -D: OFFCPU_ATTACH_*, OFFCPU_UNWIND, PER_THREAD, WATCH_ALL, FOLLOW_CHILDREN,
  * MIN_BLOCK_NS, MAX_BLOCK_NS, STACK_SAMPLING, SAMPLE_WINDOW_NS, THREAD_BUDGET, CPU_BUDGET,
  * LONG_BLOCK_NS, STOLEN_MIN_NS, the map sizes MAX_TARGETS, MAX_THREADS, MAX_COUNTS, STACK_STORAGE,
- * MAX_HIST, and where BTF has them task_struct's layout (TASK_PID_OFFSET, TASK_TGID_OFFSET,
+ * MAX_HIST, WAKERS (the sched_waking hook, wakers in the counters' keys), and where BTF has them
+ * task_struct's layout (TASK_PID_OFFSET, TASK_TGID_OFFSET,
  * TASK_STATE_OFFSET and _SIZE, TASK_LOAD_BIT, TASK_SE_RUNTIME_OFFSET, TASK_SWITCHES_OFFSET).
  */
 #include <uapi/linux/ptrace.h>
@@ -73,7 +78,15 @@ BPF_HASH(start, u32, struct offcpu_start, MAX_THREADS);
 BPF_PERCPU_ARRAY(runs, struct offcpu_cpu_runs, 1);
 #endif
 BPF_HASH(marks, u32, struct offcpu_mark, MAX_THREADS);
+#if WAKERS
+/* Blocks counted per (block, waker): see struct offcpu_waker_key. */
+BPF_HASH(counts, struct offcpu_waker_key, struct offcpu_value, MAX_COUNTS);
+/* Per thread off CPU now: who woke it (the sched_waking hook), until its block ends (switch_in()). */
+BPF_HASH(wakers, u32, struct offcpu_wake, MAX_THREADS);
+BPF_PERCPU_ARRAY(waking, struct offcpu_wake, 1); /* the record being built */
+#else
 BPF_HASH(counts, struct offcpu_key, struct offcpu_value, MAX_COUNTS);
+#endif
 BPF_HASH(hist, u32, struct offcpu_hist, MAX_HIST);
 BPF_ARRAY(hist_zero, struct offcpu_hist, 1); /* never written: what a new `hist` entry starts from */
 BPF_HASH(stacks, u64, struct offcpu_stack, STACK_STORAGE);
@@ -314,6 +327,9 @@ static __always_inline void forget_thread(u32 tid)
 #if STACK_SAMPLING
 	sampler.delete(&tid);
 #endif
+#if WAKERS
+	wakers.delete(&tid);
+#endif
 }
 
 /* The stacks a block is counted under: captured at switch-out (tracepoint mode, kept in the
@@ -323,6 +339,23 @@ struct capture {
 	u64 kernel_stack;
 	u32 weight;
 };
+
+#if WAKERS
+/* The waker of thread `tid`'s block that began at `block_ts` (zeroes: none seen). Its stacks go
+ * with the block's own: a block counted without stacks (weight 0) is counted without the waker's
+ * either, so that the keys stay as few as today's. */
+static __always_inline void woken_by(u32 tid, u64 block_ts, u32 weight, struct offcpu_waker *out)
+{
+	struct offcpu_wake *w = wakers.lookup(&tid);
+	if (!w || w->block_ts_ns != block_ts)
+		return;
+	__builtin_memcpy(out, &w->waker, sizeof(*out));
+	if (!weight) {
+		out->user_stack = 0;
+		out->kernel_stack = 0;
+	}
+}
+#endif
 
 /* Thread `tid`, switched out at s->ts_ns, runs again: count the block under the stacks in `cap`. */
 static __always_inline void switch_in(struct offcpu_start *s, u32 tid, u64 now, struct offcpu_control *ctl,
@@ -355,24 +388,35 @@ static __always_inline void switch_in(struct offcpu_start *s, u32 tid, u64 now, 
 	}
 
 	u32 weight = cap->weight;
-	struct offcpu_key key = {};
-	key.tgid = s->tgid;
-	key.tid = PER_THREAD ? tid : 0;
-	key.reason = s->reason;
+#if WAKERS
+	struct offcpu_waker_key full = {};
+	struct offcpu_key *key = &full.block;
+	woken_by(tid, s->ts_ns, weight, &full.waker);
+#else
+	struct offcpu_key full = {};
+	struct offcpu_key *key = &full;
+#endif
+	key->tgid = s->tgid;
+	key->tid = PER_THREAD ? tid : 0;
+	key->reason = s->reason;
 	if (weight) {
-		key.user_stack = cap->user_stack;
-		key.kernel_stack = cap->kernel_stack;
+		key->user_stack = cap->user_stack;
+		key->kernel_stack = cap->kernel_stack;
 	}
 
 	struct offcpu_value zero = {};
-	struct offcpu_value *v = counts.lookup_or_try_init(&key, &zero);
+	struct offcpu_value *v = counts.lookup_or_try_init(&full, &zero);
 	if (!v && weight) {
 		/* Keep the block's exact figures under the thread's stackless key; its weighted part
-		 * there tells user space how much stack-attributed time this cost. */
+		 * there tells user space how much stack-attributed time this cost. (Its waker goes too:
+		 * the stackless key is the one most likely to exist already.) */
 		stat_add(OFFCPU_STAT_STACK_KEYS_FOLDED, 1);
-		key.user_stack = 0;
-		key.kernel_stack = 0;
-		v = counts.lookup_or_try_init(&key, &zero);
+		key->user_stack = 0;
+		key->kernel_stack = 0;
+#if WAKERS
+		__builtin_memset(&full.waker, 0, sizeof(full.waker));
+#endif
+		v = counts.lookup_or_try_init(&full, &zero);
 	}
 	if (!v) {
 		stat_add(OFFCPU_STAT_COUNTS_DROPPED, 1);
@@ -406,6 +450,9 @@ static __always_inline void switch_in(struct offcpu_start *s, u32 tid, u64 now, 
 done:
 	start.delete(&tid);
 	mark_off_cpu(tid, 0);
+#if WAKERS
+	wakers.delete(&tid);
+#endif
 }
 
 static __always_inline struct offcpu_control *control_now(void)
@@ -516,14 +563,20 @@ static __always_inline void charge_stolen(void *task, u32 tid, u32 tgid, u64 now
 	if (ctl && ctl->cutoff_ns && now > ctl->cutoff_ns)
 		return; /* after the final flush's cutoff, as switch_in() */
 	u64 stolen = elapsed - ran;
-	struct offcpu_key key = {};
-	key.tgid = tgid;
-	key.tid = PER_THREAD ? tid : 0;
-	key.reason = OFFCPU_REASON_STOLEN;
-	key.user_stack = OFFCPU_STACK_STOLEN;
-	key.kernel_stack = OFFCPU_STACK_EMPTY;
+#if WAKERS
+	struct offcpu_waker_key full = {}; /* no waker: nothing woke a running thread */
+	struct offcpu_key *key = &full.block;
+#else
+	struct offcpu_key full = {};
+	struct offcpu_key *key = &full;
+#endif
+	key->tgid = tgid;
+	key->tid = PER_THREAD ? tid : 0;
+	key->reason = OFFCPU_REASON_STOLEN;
+	key->user_stack = OFFCPU_STACK_STOLEN;
+	key->kernel_stack = OFFCPU_STACK_EMPTY;
 	struct offcpu_value empty = {};
-	struct offcpu_value *v = counts.lookup_or_try_init(&key, &empty);
+	struct offcpu_value *v = counts.lookup_or_try_init(&full, &empty);
 	if (!v) {
 		stat_add(OFFCPU_STAT_COUNTS_DROPPED, 1);
 		stat_add(OFFCPU_STAT_COUNTS_DROPPED_NS, stolen);
@@ -798,6 +851,130 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 		prev_leaves(ctx, prev, (u32)id, tgid, dead, preempt ? OFFCPU_REASON_RUNNABLE : reason_of_raw_state(state),
 			    now, 1);
 	return OFFCPU_KEEP_EVENT; /* ignored for raw tracepoints; kept alike */
+}
+#endif
+
+#if WAKERS
+#ifndef TASK_STACK_OFFSET
+#error "wakers need task_struct's layout from BTF (TASK_STACK_OFFSET)"
+#endif
+#ifndef THREAD_SIZE
+#define THREAD_SIZE 16384 /* x86-64 without KASAN; the kernel headers define it */
+#endif
+#ifndef TOP_OF_KERNEL_STACK_PADDING
+#define TOP_OF_KERNEL_STACK_PADDING 0 /* x86-64 without FRED */
+#endif
+
+/* Whether this wake-up runs in interrupt context, where the current task is only the one the
+ * interrupt landed on. x86-64 runs hard interrupts, the softirqs run at their exit or at
+ * local_bh_enable() (do_softirq_own_stack()) and NMIs on the CPU's own stacks, never on the task's
+ * (arch/x86/include/asm/irq_stack.h); softirqs run by ksoftirqd run on ksoftirqd's stack, and
+ * ksoftirqd is then the waker. preempt_count() would say the same, but it is a per-CPU variable
+ * whose address is not in kallsyms without CONFIG_KALLSYMS_ALL, and helpers cannot read it. The
+ * program's own locals cannot tell either: since 6.14 programs of this type with a stack of 64
+ * bytes or more run on a private per-CPU stack (bpf_enable_priv_stack() in kernel/bpf/verifier.c).
+ * The raw tracepoint's argument array is a local of bpf_trace_run1() (kernel/trace/bpf_trace.c),
+ * on the stack the tracepoint fired on: outside the task's stack, it is an interrupt's.
+ * Except for an interrupt from user mode, which x86-64 runs on the task's (empty) stack
+ * (call_on_irqstack_cond() in arch/x86/include/asm/irq_stack.h), softirqs at its exit included:
+ * its entry frame is then the task's pt_regs at the top of that stack, with orig_ax -1 (idtentry),
+ * where a system call has its number and a kernel thread zeroes. (An exception from user mode, a
+ * page fault, has -1 too: a wake-up from its handler is taken for an interrupt's.) */
+static __always_inline int in_interrupt_context(void *ctx)
+{
+	void *task = (void *)bpf_get_current_task();
+	u64 base = 0;
+	bpf_probe_read_kernel(&base, sizeof(base), (char *)task + TASK_STACK_OFFSET);
+	u64 at = 0;
+	/* The context pointer's value as a number (a privileged program may read its own pointers). */
+	bpf_probe_read_kernel(&at, sizeof(at), &ctx);
+	if (base == 0 || at - base >= THREAD_SIZE)
+		return 1;
+#if defined(PT_REGS_SIZE) && defined(PT_REGS_ORIG_AX_OFFSET)
+	s64 orig_ax = 0;
+	bpf_probe_read_kernel(&orig_ax, sizeof(orig_ax), (char *)base + THREAD_SIZE - TOP_OF_KERNEL_STACK_PADDING -
+			      PT_REGS_SIZE + PT_REGS_ORIG_AX_OFFSET);
+	return orig_ax == -1;
+#else
+	return 0;
+#endif
+}
+
+#ifdef OFFCPU_ATTACH_KPROBE
+/* kprobe mode: whether the block's own stacks are captured is decided at its switch-in, after the
+ * wake-up. The waker's are taken for a block already long enough to be captured for sure
+ * (LONG_BLOCK_NS), and for the others within the CPU's capture budget: 1 in 2^shift of them at
+ * the CPU's sampling shift, counted among its captures (which raise the shift when over budget). */
+static __always_inline int waker_capture(struct offcpu_start *s)
+{
+#if STACK_SAMPLING
+	u64 now = bpf_ktime_get_ns();
+	if (now - s->ts_ns >= LONG_BLOCK_NS)
+		return 1;
+	int zero = 0;
+	struct offcpu_cpu_sampler *c = cpu_sampler.lookup(&zero);
+	if (!c)
+		return 0;
+	u32 shift = c->shift > OFFCPU_MAX_SHIFT ? OFFCPU_MAX_SHIFT : c->shift;
+	if (shift && (bpf_get_prandom_u32() & ((1u << shift) - 1)))
+		return 0;
+	c->captures++;
+#endif
+	return 1;
+}
+#endif
+
+/* TP_PROTO(struct task_struct *p): try_to_wake_up() is waking p, on the waker's CPU and in its
+ * context (kernel/sched/core.c); fired once per wake-up that changes p's state. For a watched
+ * thread whose block is in progress, the waker is kept until the block ends (switch_in()). Its
+ * stacks are taken for the blocks whose own stacks are: in tracepoint mode those with a weight in
+ * their start entry; in kprobe mode the decision comes at switch-in, after this: they are taken
+ * within the CPU's budget (waker_capture()), and dropped at switch-in with the block's if it is
+ * not captured (woken_by()). */
+RAW_TRACEPOINT_PROBE(sched_waking)
+{
+	void *p = (void *)ctx->args[0];
+	u32 tid = 0;
+	bpf_probe_read_kernel(&tid, sizeof(tid), (char *)p + TASK_PID_OFFSET);
+	if (!maybe_off_cpu(tid))
+		return 0;
+	struct offcpu_start *s = start.lookup(&tid);
+	if (!s)
+		return 0;
+	int zero = 0;
+	struct offcpu_wake *w = waking.lookup(&zero);
+	if (!w)
+		return 0;
+	__builtin_memset(w, 0, sizeof(*w));
+	w->block_ts_ns = s->ts_ns;
+#ifdef OFFCPU_ATTACH_KPROBE
+	int capture = waker_capture(s);
+#else
+	int capture = s->weight != 0;
+#endif
+	if (in_interrupt_context(ctx)) {
+		w->waker.context = OFFCPU_WAKER_INTERRUPT;
+		if (capture) {
+			/* Not the interrupted task's user stack: it has nothing to do with this wake-up. */
+			w->waker.user_stack = OFFCPU_STACK_EMPTY;
+			w->waker.kernel_stack = capture_kernel_stack(ctx);
+		}
+	} else {
+		u64 id = bpf_get_current_pid_tgid();
+		w->waker.context = OFFCPU_WAKER_TASK;
+		w->waker.tgid = id >> 32;
+		w->waker.tid = id;
+		bpf_get_current_comm(w->waker.comm, sizeof(w->waker.comm));
+		if (capture) {
+			w->waker.user_stack = capture_user_stack(ctx);
+			w->waker.kernel_stack = capture_kernel_stack(ctx);
+		}
+	}
+	/* (Not in OFFCPU_STAT_CAPTURES, the blocks whose stacks were captured: the share of captured
+	 * blocks is read from it.) */
+	if (wakers.update(&tid, w) != 0)
+		stat_add(OFFCPU_STAT_WAKERS_DROPPED, 1);
+	return 0;
 }
 #endif
 

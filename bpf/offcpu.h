@@ -27,7 +27,9 @@
 #define OFFCPU_STAT_CAPTURES          9  /* blocks whose stacks were captured */
 #define OFFCPU_STAT_MISSED_SWITCH_INS 10 /* blocks whose switch-in went unreported */
 #define OFFCPU_STAT_PROC_EVENTS_DROPPED 11 /* process events not stored: `proc_events` full */
-#define OFFCPU_STAT_MAX               12
+#define OFFCPU_STAT_WAKERS_DROPPED    12 /* wake-ups not stored (WAKERS): `wakers` full; the block
+                                          * is counted without its waker */
+#define OFFCPU_STAT_MAX               13
 
 /* Block-duration histogram: slot 0 is < 1 us, slot i (1..25) is [2^(i-1), 2^i) us,
  * slot 26 everything from 2^25 us (~33.5 s) on. */
@@ -90,6 +92,38 @@ struct offcpu_run {
 struct offcpu_cpu_runs {
 	struct offcpu_run latest;   /* switched in last */
 	struct offcpu_run earlier;  /* before it: prev's, until the switch that ends it is handled */
+};
+
+/* struct offcpu_waker.context: where the wake-up ran (WAKERS). */
+#define OFFCPU_WAKER_NONE      0 /* no wake-up seen: preempted, woken before the probe saw the block,
+                                  * or the waker's record was not stored */
+#define OFFCPU_WAKER_TASK      1 /* a task woke it: tgid, tid, comm and both stacks are the waker's */
+#define OFFCPU_WAKER_INTERRUPT 2 /* woken from interrupt context (a hard or soft IRQ or an NMI, on
+                                  * the CPU's interrupt stack): the task it interrupted is not the
+                                  * waker; only the kernel stack (e.g. hrtimer_wakeup) is kept */
+
+/* Who ended a block (WAKERS): what the sched_waking hook saw in the waking task. */
+struct offcpu_waker {
+	__u32 tgid;            /* 0 with OFFCPU_WAKER_NONE or _INTERRUPT */
+	__u32 tid;
+	__u32 context;         /* OFFCPU_WAKER_* */
+	__u32 pad;
+	__u64 user_stack;      /* a stack id; OFFCPU_STACK_NOT_CAPTURED when not sampled */
+	__u64 kernel_stack;
+	char comm[16];
+};
+
+/* The `counts` key when built with WAKERS: the block's key and its waker. */
+struct offcpu_waker_key {
+	struct offcpu_key block;
+	struct offcpu_waker waker;
+};
+
+/* `wakers` values: the waker of a thread's block in progress, until the block ends. */
+struct offcpu_wake {
+	__u64 block_ts_ns;     /* offcpu_start.ts_ns of the block it woke: a stale record never
+	                        * applies to a later block */
+	struct offcpu_waker waker;
 };
 
 /* struct offcpu_start.flags */

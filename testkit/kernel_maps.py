@@ -63,6 +63,9 @@ class MemoryMaps:
     def stack_ids(self) -> set[int]:
         return set(self.stacks)
 
+    def waker_stack_ids(self) -> set[int]:
+        return set()
+
     def delete_stacks(self, ids: Iterable[int]) -> None:
         for sid in ids:
             self.stacks.pop(sid, None)

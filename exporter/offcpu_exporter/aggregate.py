@@ -41,6 +41,7 @@ from offcpu_exporter.snapshot import (
 from offcpu_exporter.stack_names import StackNames, Symbolizer, lost_halves
 from offcpu_exporter.stack_rows import StackRows
 from offcpu_exporter.targets import ProcessTable
+from offcpu_exporter.waker_names import WakerNames, waker_ids
 from offcpu_exporter.wall_bound import WallTimeBound
 
 __all__ = ["AggregateConfig", "Aggregator"]
@@ -96,6 +97,7 @@ class Aggregator:
         self.wall_bound = WallTimeBound(probe)
         self.counters = CounterDiff(probe, age_after=self.config.age_after, high_water=self.config.high_water)
         self.stacks = StackNames(probe, symbolizer)
+        self.wakers = WakerNames(self.stacks)  # with --wakers on: who woke each row's blocks
         self.rollups = Rollups()
         self.histograms = Histograms(probe, processes, self.rollups)
         self._health = HealthReport(probe, symbolizer, processes, self.in_progress, self.wall_bound)
@@ -148,7 +150,7 @@ class Aggregator:
             lag = ktime_ns() - at
             if window_end or lag <= _MAX_LAG_NS or self.stacks.naming_ns * 2 < lag:
                 break
-        referenced = self.counters.stack_ids()
+        referenced = self.counters.stack_ids() | self.probe.waker_stack_ids()  # (wakers of blocks in progress)
         referenced |= {b.user_stack for b in blocked.values()} | {b.kernel_stack for b in blocked.values()}
         self.stacks.collect(in_map, referenced)
         expired = self._expire_processes(active=self._counted)
@@ -197,10 +199,11 @@ class Aggregator:
         rows = group.split()
         pkey = info.key
         add = self._rows.add
-        stack_of = self.stacks.stack
+        stack_of, waker_of = self.stacks.stack, (self.wakers.of_row if self.probe.config.wakers else None)
         by_reason: dict[Reason, Counter] | None = None
         of_thread: dict[Reason, Counter] | None = None
-        for (user_id, kernel_id), inc in rows:
+        for ids, inc in rows:
+            user_id, kernel_id = ids[0], ids[1]
             if not inc.count and not inc.ns:  # (not Counter.__bool__: a Python call per row)
                 continue
             if by_reason is None:  # made only for a process with something counted
@@ -212,14 +215,14 @@ class Aggregator:
                 if tid:
                     of_thread = self._thread_totals.setdefault(pkey, {}).setdefault(tid, {})
             stack = stack_of(symbol_pid, user_id, kernel_id)
-            add((pkey, tid, reason, stack), inc)
+            add((pkey, tid, reason, stack, waker_of(ids) if waker_of else None), inc)
             # (Counters are immutable: a first increase is the total itself, without an addition.)
             seen = by_reason.get(reason)
             by_reason[reason] = inc if seen is None else seen + inc
             if of_thread is not None:
                 seen = of_thread.get(reason)
                 of_thread[reason] = inc if seen is None else seen + inc
-            for lost in lost_halves(user_id, kernel_id, stack):
+            for lost in lost_halves(user_id, kernel_id, stack, waker_ids(ids) if waker_of else None):
                 self._lost[lost] = self._lost.get(lost, 0) + inc.count
         if by_reason is not None:
             self._counted.add(pkey)  # its view is made again

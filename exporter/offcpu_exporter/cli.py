@@ -109,6 +109,11 @@ def _add_probe(p: argparse.ArgumentParser) -> None:
                         "block less often have every block captured")
     g.add_argument("--stack-budget-cpu", type=positive_int, default=_PROBE.stack_budget_cpu, metavar="N",
                    help="stack captures per second per CPU with sampling on (default %(default)s)")
+    g.add_argument("--wakers", choices=("on", "off"), default="off",
+                   help="on: also record who woke each block (a sched_waking hook; needs BTF): folded stacks in "
+                        "bcc offwaketime's layout, blocked stack -- waker's stack; wake-ups from interrupt context "
+                        "are marked [timer], [softirq] or [interrupt], not charged to the interrupted task. off "
+                        "(default): no hook, today's cost")
     g.add_argument("--unwind-tables", choices=("auto", "all", "off"), default=_CORE.unwind_tables,
                    help="user stacks through code without frame pointers (most distributions' libraries) are "
                         "walked from DWARF CFI tables built for each process: auto (default) for the selected "
@@ -278,6 +283,7 @@ def core_config(options: argparse.Namespace,
         run_time_stats=options.bpf_stats == "on",
         unwind=options.unwind_tables != "off",
         unwind_cache_dir=options.unwind_cache_dir or None,
+        wakers=options.wakers == "on",
     )
     rules = TargetRules(pids=tuple(options.pid), comm=options.comm, cmdline=options.cmdline,
                         watch_all=watch_all, follow_children=options.follow_children, predicate=predicate)

@@ -56,7 +56,11 @@ class CounterDiff:
 
     def stack_ids(self) -> set[int]:
         """Every stack id a known key names (the stack map must keep them)."""
-        return {k.user_stack for k in self._keys} | {k.kernel_stack for k in self._keys}
+        ids = {k.user_stack for k in self._keys} | {k.kernel_stack for k in self._keys}
+        if not self.probe.config.wakers:
+            return ids
+        wakers = {k.waker for k in self._keys} - {None}
+        return ids | {w.user_stack for w in wakers if w} | {w.kernel_stack for w in wakers if w}
 
     def diff(self, rows: list[tuple[CounterKey, CounterValue]]) -> list[tuple[CounterKey, CounterValue]]:
         """The increases of `rows` (every key the kernel holds) since the last read, and of the keys

@@ -82,7 +82,12 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
 
 def add_row(groups: dict[GroupKey, Group], key: CounterKey, inc: CounterValue) -> None:
     """A kernel counter's increase, into its thread's (or process's) group."""
-    tgid, tid, reason, user_stack, kernel_stack = key
+    if len(key) == 5:  # wakers off (see CounterKey)
+        tgid, tid, reason, user_stack, kernel_stack = key
+        waker = None
+    else:
+        tgid, tid, reason, user_stack, kernel_stack = key[:5]
+        waker = key.waker
     blocks, ns, weighted_blocks, weighted_ns = inc
     gkey = (tgid, tid, reason)
     group = groups.get(gkey)
@@ -91,7 +96,9 @@ def add_row(groups: dict[GroupKey, Group], key: CounterKey, inc: CounterValue) -
     group.blocks += blocks
     group.ns += ns
     if user_stack or kernel_stack:
-        group.weigh((user_stack, kernel_stack), weighted_blocks, weighted_ns)
+        # With wakers on, the waker goes with the stacks: the pair is what the time is split over.
+        ids: StackIds = (user_stack, kernel_stack) if waker is None else (user_stack, kernel_stack, waker)
+        group.weigh(ids, weighted_blocks, weighted_ns)
     elif weighted_blocks or weighted_ns:
         # Captured blocks whose own counter could not be created (the map was full).
         group.weigh(FOLDED, weighted_blocks, weighted_ns)

@@ -82,6 +82,8 @@ class HealthReport:
                 layout.MAP_HIST: stats[layout.STAT_HIST_DROPPED],
                 layout.MAP_STACKS: stats[layout.STAT_STACKS_DROPPED],
                 layout.MAP_PROC_EVENTS: stats[layout.STAT_PROC_EVENTS_DROPPED],
+                # With wakers on: wake-ups not kept (their blocks counted without a waker).
+                **({layout.MAP_WAKERS: stats[layout.STAT_WAKERS_DROPPED]} if self.probe.config.wakers else {}),
             }),
             dropped_ns=stats[layout.STAT_COUNTS_DROPPED_NS],
             clamped_ns=self.wall_bound.clamped_ns,

@@ -20,11 +20,12 @@ from collections.abc import Collection
 from dataclasses import replace
 from types import MappingProxyType
 
-from offcpu_exporter.snapshot import ZERO, Counter, ProcessKey, ProcessView, Reason, Snapshot, StackSample
+from offcpu_exporter.snapshot import ZERO, Counter, ProcessKey, ProcessView, Reason, Snapshot, StackSample, Waker
 
 __all__ = ["History"]
 
-_RowId = tuple[ProcessKey, int, int, int]  # process, tid, reason, id() of the Stack (held by the row)
+# process, tid, reason, id() of the Stack (held by the row), waker (with --wakers on)
+_RowId = tuple[ProcessKey, int, int, int, Waker | None]
 
 
 class _Bucket:
@@ -53,7 +54,7 @@ class _Bucket:
         self._made = None
         rows = self.rows
         for s in snapshot.samples:
-            key = (s.process, s.tid, s.reason, id(s.stack))
+            key = (s.process, s.tid, s.reason, id(s.stack), s.waker)
             seen = rows.get(key)
             rows[key] = (s, s.increase if seen is None else seen[1] + s.increase)
         self.views.update(snapshot.processes)

@@ -33,6 +33,8 @@ __all__ = [
     "Stack",
     "StackSample",
     "ThreadView",
+    "Waker",
+    "WakerKind",
 ]
 
 
@@ -267,6 +269,39 @@ class StackSample:
     stack: Stack
     total: Counter
     increase: Counter
+    waker: Waker | None = None  # with --wakers on, who woke these blocks; None: off or unknown
+
+
+class WakerKind(enum.Enum):
+    """What woke a block (with --wakers on)."""
+
+    TASK = "task"  # a thread: its pid, tid, comm and stacks
+    TIMER = "timer"  # a timer's expiry (hrtimer_wakeup), run in interrupt context
+    SOFTIRQ = "softirq"  # a softirq run at an interrupt's exit or at local_bh_enable()
+    INTERRUPT = "interrupt"  # another hard interrupt (or an NMI)
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
+class Waker:
+    """Who woke the blocks of a row. From interrupt context no task is the waker: pid, tid and
+    comm are then 0 and "", `user` is empty and `kernel` shows the wake-up's path."""
+
+    kind: WakerKind
+    pid: int
+    tid: int
+    comm: str
+    user: tuple[Frame, ...]  # leaf first, as Stack's halves
+    kernel: tuple[Frame, ...]
+
+    @property
+    def name(self) -> str:
+        """The waker's comm, or its kind as a marker: `[timer]`, `[softirq]`, `[interrupt]`."""
+        return self.comm if self.kind is WakerKind.TASK else f"[{self.kind.value}]"
+
+    def leaf_to_root(self) -> tuple[Frame, ...]:
+        """Kernel frames leaf..entry, then user frames leaf..root (offwaketime's waker order)."""
+        return self.kernel + self.user
 
 
 # Block-duration histogram buckets: upper bounds in microseconds, powers of two from 1 us

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from offcpu_exporter.interned import Interned
 from offcpu_exporter.probe import layout
-from offcpu_exporter.probe.maps import KernelMaps
+from offcpu_exporter.probe.maps import KernelMaps, WakerIds
 from offcpu_exporter.snapshot import Frame, FrameKind, LostHalf, Stack
 from offcpu_exporter.symbols import UNKNOWN as _UNMAPPED  # the frame of an address in no mapping
 
@@ -41,7 +41,8 @@ class Symbolizer(Protocol):
     def failures(self) -> int: ...
 
 
-StackIds = tuple[int, int]  # (user stack id, kernel stack id)
+# (user stack id, kernel stack id), with wakers on followed by the waker's ids (waker_names.py)
+StackIds = tuple[int, int] | tuple[int, int, WakerIds]
 
 _LOST_WHY = {
     "ENOMEM": "stack map full",
@@ -298,15 +299,21 @@ class StackNames:
 _NONE_LOST: tuple[LostHalf, ...] = ()
 
 
-def lost_halves(user_id: int, kernel_id: int, stack: Stack) -> Sequence[LostHalf]:
-    """Each half of a stack that was lost, and why; none for most stacks (checked first)."""
+def lost_halves(user_id: int, kernel_id: int, stack: Stack, waker: WakerIds | None = None) -> Sequence[LostHalf]:
+    """Each half of a stack (and, with wakers on, of its waker's: "waker user", "waker kernel") that
+    was lost, and why; none for most stacks (checked first)."""
     # (A half of another length is not _RECLAIMED: tuples compare their lengths last, after
     # a Python-level Frame.__eq__ on their first frames, for every stack counted.)
     if user_id >= layout.STACK_RESERVED and kernel_id >= layout.STACK_RESERVED and \
             (len(stack.user) != 1 or stack.user != _RECLAIMED) and \
-            (len(stack.kernel) != 1 or stack.kernel != _RECLAIMED):
+            (len(stack.kernel) != 1 or stack.kernel != _RECLAIMED) and waker is None:
         return _NONE_LOST
     out = []
+    if waker is not None:
+        for half, sid in (("waker user", waker.user_stack), ("waker kernel", waker.kernel_stack)):
+            if layout.STACK_ERRNO_BASE <= sid < layout.STACK_RESERVED:
+                number = sid - layout.STACK_ERRNO_BASE
+                out.append(LostHalf(half, errno.errorcode.get(number, str(number))))
     for half, sid, frames in (("user", user_id, stack.user), ("kernel", kernel_id, stack.kernel)):
         if layout.STACK_ERRNO_BASE <= sid < layout.STACK_RESERVED:
             number = sid - layout.STACK_ERRNO_BASE

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from offcpu_exporter.snapshot import ZERO, Counter, ProcessKey, Reason, Stack, StackSample
+from offcpu_exporter.snapshot import ZERO, Counter, ProcessKey, Reason, Stack, StackSample, Waker
 
 __all__ = ["RowKey", "StackRows"]
 
-RowKey = tuple[ProcessKey, int, Reason, Stack]  # (process, tid or 0, reason, stack)
+RowKey = tuple[ProcessKey, int, Reason, Stack, Waker | None]  # (process, tid or 0, reason, stack, waker)
 
 
 class _Row:
@@ -57,11 +57,12 @@ class StackRows:
             sample = row.sample
             increase = row.increase if row.counted == now else ZERO
             if sample is None or sample.total is not row.total or increase is not ZERO or sample.increase is not ZERO:
-                pkey, tid, reason, stack = key
-                # (process, tid, thread_name, reason, stack, total, increase): positional
+                pkey, tid, reason, stack, waker = key
+                # (process, tid, thread_name, reason, stack, total, increase, waker): positional
                 # arguments, a quarter quicker than keywords, for every changed row per flush.
                 row.sample = sample = StackSample(
-                    pkey, tid, thread_names.get((pkey.pid, tid), "") if tid else "", reason, stack, row.total, increase)
+                    pkey, tid, thread_names.get((pkey.pid, tid), "") if tid else "", reason, stack, row.total, increase,
+                    waker)
             out.append(sample)
         self._next += 1
         return out

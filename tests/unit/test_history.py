@@ -5,6 +5,7 @@ stays the same however many flushes went by."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from types import MappingProxyType
 
 import pytest
@@ -24,6 +25,8 @@ from offcpu_exporter.snapshot import (
     Snapshot,
     Stack,
     StackSample,
+    Waker,
+    WakerKind,
 )
 
 SECOND = 1_000_000_000
@@ -136,3 +139,20 @@ def test_entries_are_consecutive_across_buckets() -> None:
     for a, b in itertools.pairwise(entries):
         assert (b.merged_from or b.sequence) == a.sequence + 1
         assert b.interval_start_ns == a.time_ns
+
+
+def test_a_bucket_keeps_the_rows_of_one_stack_apart_by_waker() -> None:
+    """With --wakers on a stack has a row per waker: merged into a bucket they stay apart."""
+    writer = Waker(WakerKind.TASK, 9, 10, "writer", (Frame("writer_write"),), ())
+    timer = Waker(WakerKind.TIMER, 0, 0, "", (), (Frame("hrtimer_wakeup"),))
+    flushes, _ = _flushes(200)
+    history = History(900.0, exact_seconds=60.0, bucket_seconds=60.0)
+    for snapshot in flushes:
+        samples = tuple(w for s in snapshot.samples for w in (replace(s, waker=writer), replace(s, waker=timer)))
+        history.add(replace(snapshot, samples=samples))
+    merged = history.since(0)[0]  # a bucket of many flushes
+    assert merged.merged_from and merged.sequence > merged.merged_from
+    by_waker: dict[Waker | None, Counter] = {}
+    for s in merged.samples:
+        by_waker[s.waker] = by_waker.get(s.waker, ZERO) + s.increase
+    assert set(by_waker) == {writer, timer} and by_waker[writer] == by_waker[timer] != ZERO

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from offcpu_exporter.snapshot import Counter, ProcessInfo, ProcessKey, Reason, Snapshot, Stack, StackSample
+from offcpu_exporter.snapshot import Counter, ProcessInfo, ProcessKey, Reason, Snapshot, Stack, StackSample, Waker
 
 __all__ = ["Accumulator", "Profile", "ProfileFilter", "ProfileSample"]
 
@@ -30,6 +30,7 @@ class ProfileSample:
     reason: Reason
     stack: Stack
     value: Counter
+    waker: Waker | None = None  # with --wakers on: who woke these blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ class ProfileFilter:
 
 _KEEP_ALL = ProfileFilter()
 
-_RowKey = tuple[ProcessKey, int, Reason, int]  # the stack as an index, see _RowKeys
+_RowKey = tuple[ProcessKey, int, Reason, int, Waker | None]  # the stack as an index, see _RowKeys
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +179,7 @@ class _RowKeys:
         return index
 
     def __call__(self, s: StackSample) -> _RowKey:
-        return (s.process, s.tid, s.reason, self.index_of(s.stack))
+        return (s.process, s.tid, s.reason, self.index_of(s.stack), s.waker)
 
 
 class Accumulator:
@@ -213,7 +214,7 @@ class Accumulator:
             index = by_id.get(id(s.stack))
             if index is None:
                 index = index_of(s.stack)
-            key = (s.process, s.tid, s.reason, index)
+            key = (s.process, s.tid, s.reason, index, s.waker)
             seen = rows.get(key)
             rows[key] = (s, s.increase if seen is None else seen[1] + s.increase)
 
@@ -270,7 +271,7 @@ def _build(
         info = known.get(s.process) or ProcessInfo(key=s.process, comm=f"[pid {s.process.pid}]")
         if not keep.keeps(info):
             continue
-        samples.append(ProfileSample(info, s.tid, s.thread_name, s.reason, s.stack, value))
+        samples.append(ProfileSample(info, s.tid, s.thread_name, s.reason, s.stack, value, s.waker))
     # Ties keep the snapshot's order (a stable sort), so equal input gives equal output.
     samples.sort(key=lambda p: (p.process.pid, p.tid, -p.value.ns, p.reason))
     processes = {p.process.key: p.process for p in samples}

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from offcpu_exporter.probe import layout
 from offcpu_exporter.probe.config import ProbeConfig, pid_max
 from offcpu_exporter.probe.map_calls import Convert, Entry, WordsLookup, delete_batch, lookup_and_delete, lookup_batch
-from offcpu_exporter.probe.maps import CounterKey, CounterValue, StartEntry
+from offcpu_exporter.probe.maps import CounterKey, CounterValue, StartEntry, WakerIds, with_waker
 from offcpu_exporter.probe.stack_ids import stack_id
 
 __all__ = ["MapAccess"]
@@ -29,6 +29,9 @@ _T = TypeVar("_T")
 _U32 = struct.Struct("<I")
 _U32_U32 = Entry(_U32, _U32)
 _COUNTS = Entry(struct.Struct("<III4xQQ"), struct.Struct("<QQQQ"))  # offcpu_key (pad skipped), offcpu_value
+# With wakers on: offcpu_waker_key (offcpu_key, then offcpu_waker: tgid, tid, context, stacks, comm).
+_WAKER_COUNTS = Entry(struct.Struct("<III4xQQIII4xQQ16s"), _COUNTS.value)
+_WAKES = Entry(_U32, struct.Struct("<QIII4xQQ16s"))  # offcpu_wake: block start, then its offcpu_waker
 _STARTS = Entry(_U32, struct.Struct("<QQQIII4x"))  # offcpu_start: ts, stacks, tgid, reason, weight (flags)
 _MARKS = Entry(_U32, struct.Struct("<QQ"))  # offcpu_mark
 _HIST = Entry(_U32, struct.Struct(f"<{layout.HIST_ROOM}Q"))  # offcpu_hist
@@ -36,6 +39,13 @@ _HIST = Entry(_U32, struct.Struct(f"<{layout.HIST_ROOM}Q"))  # offcpu_hist
 _AS_COUNTER_KEY = functools.partial(tuple.__new__, CounterKey)  # _make() without its Python frame
 _AS_COUNTER_VALUE = functools.partial(tuple.__new__, CounterValue)
 _AS_START_ENTRY = functools.partial(tuple.__new__, StartEntry)
+_NO_WAKER = WakerIds(0, 0, layout.WAKER_NONE, 0, 0, b"")
+
+
+def _waker_counter_key(raw: tuple[Any, ...]) -> CounterKey:
+    """A key of the counts map built with wakers, from its unpacked fields: the five of CounterKey
+    and its WakerIds as a sixth element (CounterKey.waker)."""
+    return with_waker(_AS_COUNTER_KEY(raw[:5]), WakerIds(*raw[5:]))
 
 
 class MapAccess:
@@ -109,6 +119,9 @@ class MapAccess:
     # -- counters --------------------------------------------------------------------------
 
     def read_counts(self) -> list[tuple[CounterKey, CounterValue]]:
+        if self.config.wakers:
+            return self._read(layout.MAP_COUNTS, _WAKER_COUNTS, lambda keys, values: zip(
+                map(_waker_counter_key, keys), map(_AS_COUNTER_VALUE, values), strict=True))
         return self._read(layout.MAP_COUNTS, _COUNTS, lambda keys, values: zip(
             map(_AS_COUNTER_KEY, keys), map(_AS_COUNTER_VALUE, values), strict=True))
 
@@ -118,8 +131,14 @@ class MapAccess:
         table = self._table(layout.MAP_COUNTS)
         out: dict[CounterKey, CounterValue] = {}
         value = layout.OffcpuValue()
+        wakers = self.config.wakers
+        key: ctypes.Structure
         for raw in keys:
             key = layout.OffcpuKey(raw.tgid, raw.tid, raw.reason, 0, raw.user_stack, raw.kernel_stack)
+            if wakers:
+                w = raw.waker or _NO_WAKER
+                key = layout.OffcpuWakerKey(key, layout.OffcpuWaker(w.tgid, w.tid, w.context, 0, w.user_stack,
+                                                                    w.kernel_stack, w.comm))
             if lookup_and_delete(self._lib, table.map_fd, key, value):
                 out[raw] = CounterValue(value.count, value.ns, value.wcount, value.wns)
         return out
@@ -154,6 +173,14 @@ class MapAccess:
             key.value = after.value
             previous = ctypes.byref(key)
         return out
+
+    def waker_stack_ids(self) -> set[int]:
+        """The stack ids of the wakers of blocks in progress: the stack map must keep them until
+        the blocks end and a counter names them."""
+        if not self.config.wakers:
+            return set()
+        return {sid for w in self._read(layout.MAP_WAKERS, _WAKES, lambda keys, values: values)
+                for sid in (w[4], w[5])}
 
     def delete_stacks(self, stack_ids: Iterable[int]) -> None:
         """In BPF_MAP_DELETE_BATCH calls (ids not in the map skipped): every flush frees the stacks

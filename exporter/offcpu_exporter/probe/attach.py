@@ -37,14 +37,16 @@ def check_mode(mode: str, facts: KernelFacts) -> None:
         raise ProbeError("this kernel has no kprobes (CONFIG_KPROBES): use --attach tracepoint or auto")
 
 
-def attach(bpf: Any, variant: str, facts: KernelFacts) -> tuple[str, ...]:
+def attach(bpf: Any, variant: str, facts: KernelFacts, *, wakers: bool = False) -> tuple[str, ...]:
     """Attach the loaded program built for `variant` (compile.Program.variant); returns what it is
-    hooked on. Tracepoint programs were attached by bcc as it loaded them: only kprobes are left."""
+    hooked on. Tracepoint programs were attached by bcc as it loaded them (the wakers' raw
+    sched_waking one too): only kprobes are left."""
+    waking = ("raw_tp:sched_waking",) if wakers else ()
     if variant == "kprobe":
-        return _attach_kprobes(bpf, facts)
+        return (*_attach_kprobes(bpf, facts), *waking)
     if variant == "raw_tracepoint":
-        return ("raw_tp:sched_switch",)
-    return ("sched:sched_switch",)
+        return ("raw_tp:sched_switch", *waking)
+    return ("sched:sched_switch", *waking)
 
 
 def _attach_kprobes(bpf: Any, facts: KernelFacts) -> tuple[str, ...]:

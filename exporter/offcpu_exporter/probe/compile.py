@@ -59,6 +59,8 @@ def build_program(config: ProbeConfig, facts: KernelFacts, mode: str) -> Program
             variant = "raw_tracepoint"
         elif config.raw_tracepoint:
             raise ProbeError("raw tracepoint asked for, but this kernel lacks it (5.18+) or BTF for task_struct")
+    if config.wakers and (task is None or task.stack is None):
+        raise ProbeError("--wakers on needs the kernel's BTF (task_struct's layout): this kernel has none")
     extra = [] if task is None else task.cflags()
     text = (layout.BPF_DIR / layout.SOURCE).read_text()
     unwind = _unwind_config(config, facts)

@@ -43,6 +43,9 @@ class ProbeConfig:
     # User stacks from DWARF CFI tables for the processes user space describes (else frame pointers).
     unwind: bool = True
     unwind_cache_dir: str | None = None  # tables kept on disk by build id (None: not kept)
+    # Who woke each block (a sched_waking hook; the counters' keys carry the waker). Off: the
+    # program is built without either, at today's cost.
+    wakers: bool = False
 
     @property
     def in_progress_credit(self) -> bool:
@@ -74,6 +77,7 @@ class ProbeConfig:
             f"-DCPU_BUDGET={max(1, round(self.stack_budget_cpu / windows_per_second))}",
             f"-DLONG_BLOCK_NS={self.long_block_ns}ULL",
             f"-DSTOLEN_MIN_NS={layout.STOLEN_MIN_NS}ULL",
+            f"-DWAKERS={int(self.wakers)}",
             # bcc's Debian build warns about these in kernel headers it does not own.
             "-Wno-macro-redefined",
             "-Wno-unknown-warning-option",

@@ -27,6 +27,7 @@ MAP_CONTROL = "control"
 MAP_STATS = "stats"
 MAP_SAMPLER = "sampler"
 MAP_PROC_EVENTS = "proc_events"
+MAP_WAKERS = "wakers"  # with wakers on: tid -> the waker of its block in progress
 
 STAT_COUNTS_DROPPED = 0
 STAT_COUNTS_DROPPED_NS = 1
@@ -40,7 +41,8 @@ STAT_BLOCKS = 8
 STAT_CAPTURES = 9
 STAT_MISSED_SWITCH_INS = 10
 STAT_PROC_EVENTS_DROPPED = 11
-STAT_MAX = 12
+STAT_WAKERS_DROPPED = 12
+STAT_MAX = 13
 
 HIST_SLOTS = 27
 HIST_ROOM = 32
@@ -64,6 +66,10 @@ PROC_EXEC = 2
 PROC_EXIT = 4
 PROC_RENAME = 8
 
+WAKER_NONE = 0  # struct offcpu_waker.context
+WAKER_TASK = 1
+WAKER_INTERRUPT = 2
+
 TARGET_WATCH = 1
 TARGET_EXCLUDE = 2
 
@@ -77,6 +83,26 @@ class OffcpuKey(ctypes.Structure):
         ("user_stack", ctypes.c_uint64),
         ("kernel_stack", ctypes.c_uint64),
     )
+
+
+class OffcpuWaker(ctypes.Structure):
+    _fields_ = (
+        ("tgid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("context", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("user_stack", ctypes.c_uint64),
+        ("kernel_stack", ctypes.c_uint64),
+        ("comm", ctypes.c_char * 16),
+    )
+
+
+class OffcpuWakerKey(ctypes.Structure):
+    _fields_ = (("block", OffcpuKey), ("waker", OffcpuWaker))
+
+
+class OffcpuWake(ctypes.Structure):
+    _fields_ = (("block_ts_ns", ctypes.c_uint64), ("waker", OffcpuWaker))
 
 
 class OffcpuValue(ctypes.Structure):
@@ -145,6 +171,9 @@ class OffcpuChild(ctypes.Structure):
 STRUCTS: dict[str, type[ctypes.Structure]] = {
     "offcpu_child": OffcpuChild,
     "offcpu_key": OffcpuKey,
+    "offcpu_waker": OffcpuWaker,
+    "offcpu_waker_key": OffcpuWakerKey,
+    "offcpu_wake": OffcpuWake,
     "offcpu_value": OffcpuValue,
     "offcpu_start": OffcpuStart,
     "offcpu_mark": OffcpuMark,

@@ -59,7 +59,7 @@ class Probe(MapAccess):
                                      cache=TableCache(self.config.unwind_cache_dir, memory_bytes=_TABLE_MEMORY))
         self.mode = mode
         try:
-            self.hooked = attach(self._bpf, program.variant, self.facts)
+            self.hooked = attach(self._bpf, program.variant, self.facts, wakers=self.config.wakers)
         except ProbeError:
             self.close()
             raise

@@ -15,17 +15,40 @@ if TYPE_CHECKING:
     from offcpu_exporter.probe.config import ProbeConfig
     from offcpu_exporter.unwind import Unwinder
 
-__all__ = ["CounterKey", "CounterValue", "KernelMaps", "ProgramRuns", "StartEntry"]
+__all__ = ["CounterKey", "CounterValue", "KernelMaps", "ProgramRuns", "StartEntry", "WakerIds", "with_waker"]
+
+
+class WakerIds(NamedTuple):
+    """The waker part of a `counts` key with wakers on (struct offcpu_waker)."""
+
+    tgid: int
+    tid: int
+    context: int  # layout.WAKER_*
+    user_stack: int
+    kernel_stack: int
+    comm: bytes  # NUL-padded
 
 
 class CounterKey(NamedTuple):
-    """A key of the kernel's `counts` map (a NamedTuple: hashed in C, it is a dict key per flush)."""
+    """A key of the kernel's `counts` map (a NamedTuple: hashed in C, it is a dict key per flush).
+    With wakers on, the kernel's keys carry a sixth element, their WakerIds (`waker`): made with
+    tuple.__new__ by probe/access.py. With them off a key is these five fields, as cheap to read
+    and hash as before wakers existed."""
 
     tgid: int
     tid: int  # 0 when aggregating per process
     reason: int
     user_stack: int  # a stack id: layout.STACK_* below layout.STACK_RESERVED, else a hash
     kernel_stack: int
+
+    @property
+    def waker(self) -> WakerIds | None:
+        return self[5] if len(self) > 5 else None  # type: ignore[misc]
+
+
+def with_waker(key: CounterKey, waker: WakerIds) -> CounterKey:
+    """`key` with its waker as the sixth element (wakers on: see CounterKey)."""
+    return tuple.__new__(CounterKey, (*key[:5], waker))
 
 
 class CounterValue(NamedTuple):
@@ -100,6 +123,9 @@ class KernelMaps(Protocol):
     def stack(self, stack_id: int) -> tuple[int, ...] | None: ...
 
     def stack_ids(self) -> set[int]: ...
+
+    def waker_stack_ids(self) -> set[int]:
+        """The stack ids of the wakers of blocks in progress (none with wakers off)."""
 
     def delete_stacks(self, stack_ids: Iterable[int]) -> None: ...
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from offcpu_exporter.probe.btf import VMLINUX, BtfError, read_btf
+from offcpu_exporter.probe.btf import VMLINUX, Btf, BtfError, read_btf
 
 __all__ = ["TaskLayout", "read_task_layout"]
 
@@ -32,6 +32,10 @@ class TaskLayout:
     se_runtime: int | None  # se.sum_exec_runtime
     se_prev_runtime: int | None  # se.prev_sum_exec_runtime
     switches: int | None  # nvcsw, with nivcsw in the next 8 bytes (read as one pair)
+    stack: int | None = None  # `void *stack`, the task's kernel stack (wakers: interrupt or task context)
+    # struct pt_regs (x86-64): its size and orig_ax's offset (wakers: an interrupt from user mode)
+    regs_size: int | None = None
+    regs_orig_ax: int | None = None
 
     def cflags(self) -> list[str]:
         flags = [
@@ -47,6 +51,10 @@ class TaskLayout:
                       f"-DTASK_SE_PREV_RUNTIME_OFFSET={self.se_prev_runtime}"]
         if self.switches is not None:
             flags.append(f"-DTASK_SWITCHES_OFFSET={self.switches}")
+        if self.stack is not None:
+            flags.append(f"-DTASK_STACK_OFFSET={self.stack}")
+        if self.regs_size is not None and self.regs_orig_ax is not None:
+            flags += [f"-DPT_REGS_SIZE={self.regs_size}", f"-DPT_REGS_ORIG_AX_OFFSET={self.regs_orig_ax}"]
         return flags
 
 
@@ -54,7 +62,8 @@ def read_task_layout(path: str = VMLINUX) -> TaskLayout:
     """The layout of this kernel's task_struct; BtfError when BTF lacks pid, tgid or the state."""
     btf = read_btf(path)
     task = btf.struct_members(
-        "task_struct", ["pid", "tgid", "__state", "state", "sched_contributes_to_load", "se", "nvcsw", "nivcsw"])
+        "task_struct", ["pid", "tgid", "__state", "state", "sched_contributes_to_load", "se", "nvcsw", "nivcsw",
+                      "stack"])
     state = task.get("__state") or task.get("state")
     missing = [name for name, member in (("pid", task.get("pid")), ("tgid", task.get("tgid")), ("__state", state))
                if member is None]
@@ -72,6 +81,7 @@ def read_task_layout(path: str = VMLINUX) -> TaskLayout:
     if nvcsw is not None and nivcsw is not None and nivcsw.bit_offset == nvcsw.bit_offset + 64:
         switches = nvcsw.bit_offset // 8
     load = task.get("sched_contributes_to_load")
+    stack = task.get("stack")
     return TaskLayout(
         pid=task["pid"].bit_offset // 8,
         tgid=task["tgid"].bit_offset // 8,
@@ -81,4 +91,20 @@ def read_task_layout(path: str = VMLINUX) -> TaskLayout:
         se_runtime=se_runtime,
         se_prev_runtime=se_prev_runtime,
         switches=switches,
+        stack=None if stack is None else stack.bit_offset // 8,
+        **_pt_regs(btf),
     )
+
+
+def _pt_regs(btf: Btf) -> dict[str, int | None]:
+    """x86-64's struct pt_regs: its size (its last member, ss, padded to 8 bytes: with FRED's
+    fields beside it (6.9+) it is a u16 in a union) and where orig_ax is."""
+    try:
+        regs = btf.struct_members("pt_regs", ["orig_ax", "ss"])
+    except BtfError:
+        return {}
+    ss, orig_ax = regs.get("ss"), regs.get("orig_ax")
+    if ss is None or ss.size is None or orig_ax is None:
+        return {}
+    end = ss.bit_offset // 8 + ss.size
+    return {"regs_size": (end + 7) // 8 * 8, "regs_orig_ax": orig_ax.bit_offset // 8}

@@ -5,7 +5,19 @@ from hypothesis import strategies as st
 
 from offcpu_exporter.formats import Profile, render
 from offcpu_exporter.formats import folded as folded_format
-from offcpu_exporter.snapshot import Snapshot
+from offcpu_exporter.formats.profile import ProfileSample
+from offcpu_exporter.snapshot import (
+    Counter,
+    Frame,
+    FrameKind,
+    ProcessInfo,
+    ProcessKey,
+    Reason,
+    Snapshot,
+    Stack,
+    Waker,
+    WakerKind,
+)
 
 
 def test_round_trip_sums_to_process_totals(before: Snapshot, after: Snapshot) -> None:
@@ -57,3 +69,32 @@ def test_apportion_keeps_the_rounded_sum(values: list[int]) -> None:
     rounded = folded_format.apportion(values)
     assert sum(rounded) == (sum(values) + 500) // 1000
     assert all(abs(r * 1000 - v) < 1000 for r, v in zip(rounded, values, strict=True))
+
+
+def _waker_profile() -> Profile:
+    def frames(*names: str, kind: FrameKind = FrameKind.NATIVE) -> tuple[Frame, ...]:
+        return tuple(Frame(n, kind) for n in names)
+
+    info = ProcessInfo(ProcessKey(7, 1), "app")
+    blocked = Stack(frames("read", "main"), frames("schedule", "pipe_read", kind=FrameKind.KERNEL))
+    writer = Waker(WakerKind.TASK, 7, 8, "writer", frames("write", "writer_write", "start_thread"),
+                   frames("try_to_wake_up", "pipe_write", kind=FrameKind.KERNEL))
+    timer = Waker(WakerKind.TIMER, 0, 0, "", (), frames("try_to_wake_up", "hrtimer_wakeup", kind=FrameKind.KERNEL))
+    samples = (
+        ProfileSample(info, 7, "", Reason.SLEEPING, blocked, Counter(3, 3_000_000), writer),
+        ProfileSample(info, 7, "", Reason.SLEEPING, blocked, Counter(1, 1_000_000), timer),
+        ProfileSample(info, 7, "", Reason.RUNNABLE, blocked, Counter(1, 500_000), None),
+    )
+    return Profile(0, 10, samples)
+
+
+def test_waker_rows_are_in_offwaketimes_layout() -> None:
+    lines = dict(folded_format.lines(_waker_profile()))
+    assert lines == {
+        # Blocked stack root first, "--", the waker's stack leaf first (kernel, then user), its comm.
+        "app;main;read;pipe_read;schedule;--;try_to_wake_up;pipe_write;write;writer_write;start_thread;writer": 3000,
+        # A wake-up from interrupt context: its kernel path and a marker, no task.
+        "app;main;read;pipe_read;schedule;--;try_to_wake_up;hrtimer_wakeup;[timer]": 1000,
+        # No waker (a preemption): today's layout.
+        "app;main;read;pipe_read;schedule": 500,
+    }
