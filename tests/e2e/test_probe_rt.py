@@ -78,11 +78,11 @@ def test_off_cpu_is_the_time_between_the_kernels_own_switches(mode: str, threads
     assert trace.lost == 0, f"the trace buffer overflowed: {trace.lost} events lost"
     # In kprobe mode the kernel skips the probe's runs while a preempted BPF system call holds the
     # CPU's guard (KernelFacts.kprobe_runs_skipped): switches go unseen, and each is counted. The
-    # raw tracepoint has a guard of its own: none is skipped.
-    skipped = snap.health.probe_skipped_runs
+    # raw sched_switch tracepoint has a guard of its own, but the probe's other programs (process
+    # events: perf-event tracepoints) share that guard, so the count need not be 0 there (1 in a
+    # CI run): in tracepoint mode blocks are compared without it.
     kprobe = snap.health.attach_mode == "kprobe"
-    if not kprobe:
-        assert skipped == 0
+    skipped = snap.health.probe_skipped_runs if kprobe else 0
     for thread in result.threads:
         traced_ns = trace.off_cpu(thread.tid, thread.opened_ns, thread.opened_ns + thread.wall_ns)
         traced_blocks = trace.blocks_ending(thread.tid, thread.opened_ns, thread.opened_ns + thread.wall_ns)
