@@ -97,6 +97,10 @@ __attribute__((noinline)) void writer_write(void)
 static void *helper_main(void *arg)
 {
 	(void)arg;
+	/* Named by itself before it wakes anyone: named by main() after pthread_create(), the holder
+	 * (no sleep before its first release) once woke the waiter still under the process's name. */
+	pthread_setname_np(pthread_self(), !strcmp(mode, "condvar") ? "producer" :
+					   !strcmp(mode, "mutex") ? "holder" : "writer");
 	helper_tid = syscall(SYS_gettid);
 	for (int i = 0; i < iterations; i++) {
 		if (!strcmp(mode, "condvar")) {
@@ -149,6 +153,7 @@ __attribute__((noinline)) void waiter_wait(void)
 static void *waiter_main(void *arg)
 {
 	(void)arg;
+	pthread_setname_np(pthread_self(), "waiter");
 	waiter_tid = syscall(SYS_gettid);
 	waiter_wait();
 	return NULL;
@@ -186,12 +191,8 @@ int main(int argc, char **argv)
 	pthread_t waiter, helper;
 	int helped = strcmp(mode, "timer") != 0;
 	pthread_create(&waiter, NULL, waiter_main, NULL);
-	pthread_setname_np(waiter, "waiter");
-	if (helped) {
+	if (helped)
 		pthread_create(&helper, NULL, helper_main, NULL);
-		pthread_setname_np(helper, !strcmp(mode, "condvar") ? "producer" :
-					   !strcmp(mode, "mutex") ? "holder" : "writer");
-	}
 	pthread_join(waiter, NULL);
 	if (helped)
 		pthread_join(helper, NULL);
