@@ -89,10 +89,10 @@ def in_window(snap: Snapshot, tid: int) -> list[StackSample]:
     offcpu_window_mark (an interval is charged when it ends) in its own code; the thread's start (a
     preemption in schedule_tail before any of its code runs) and exit (libc's, then do_exit) come
     before and after."""
-    return [s for s in snap.samples if s.tid == tid and _in_thread_main_between_marks(s)]
+    return [s for s in snap.samples if s.tid == tid and _in_window_code(s)]
 
 
-def _in_thread_main_between_marks(sample: StackSample) -> bool:
+def _in_window_code(sample: StackSample) -> bool:
     user = sample.stack.user
     kernel = kernel_names([sample])
     if any(f.name == "offcpu_window_mark" for f in user) or "do_exit" in kernel or "ret_from_fork" in kernel:
